@@ -1,0 +1,71 @@
+package v1alpha1
+
+import (
+	"fmt"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// CRD returns the CustomResourceDefinition the daemon installs in the
+// management API. The schema validates on the server too, so `kubectl apply`
+// of a bad Cluster is refused the same way the CLI refuses it.
+func CRD() *apiextensionsv1.CustomResourceDefinition {
+	str := func(desc string) apiextensionsv1.JSONSchemaProps {
+		return apiextensionsv1.JSONSchemaProps{Type: "string", Description: desc}
+	}
+	intRange := func(desc string, min, max float64) apiextensionsv1.JSONSchemaProps {
+		return apiextensionsv1.JSONSchemaProps{Type: "integer", Format: "int32", Description: desc, Minimum: &min, Maximum: &max}
+	}
+	spec := apiextensionsv1.JSONSchemaProps{
+		Type: "object",
+		Properties: map[string]apiextensionsv1.JSONSchemaProps{
+			"maxNodes":    intRange("cap on worker microVMs", 0, 1000),
+			"hold":        str("idle time before a node is removed, e.g. 1m"),
+			"nodeCPUs":    intRange("vCPUs per worker microVM", 1, 256),
+			"nodeMemory":  {XIntOrString: true, AnyOf: []apiextensionsv1.JSONSchemaProps{{Type: "integer"}, {Type: "string"}}, Pattern: `^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$`, Description: "memory per worker microVM, e.g. 2Gi"},
+			"podsPerNode": intRange("max pods per worker", 1, 1000),
+			"datastore":   {Type: "string", Enum: []apiextensionsv1.JSON{{Raw: []byte(`"sqlite"`)}, {Raw: []byte(`"postgres"`)}}},
+		},
+	}
+	status := apiextensionsv1.JSONSchemaProps{
+		Type:                   "object",
+		XPreserveUnknownFields: ptr.To(true),
+	}
+	return &apiextensionsv1.CustomResourceDefinition{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apiextensions.k8s.io/v1", Kind: "CustomResourceDefinition"},
+		ObjectMeta: metav1.ObjectMeta{Name: Resource + "." + Group},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: Group,
+			Names: apiextensionsv1.CustomResourceDefinitionNames{
+				Plural: Resource, Singular: "cluster", Kind: Kind, ListKind: Kind + "List",
+			},
+			Scope: apiextensionsv1.ClusterScoped,
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
+				Name: Version, Served: true, Storage: true,
+				Subresources: &apiextensionsv1.CustomResourceSubresources{Status: &apiextensionsv1.CustomResourceSubresourceStatus{}},
+				AdditionalPrinterColumns: []apiextensionsv1.CustomResourceColumnDefinition{
+					{Name: "Phase", Type: "string", JSONPath: ".status.phase"},
+					{Name: "URL", Type: "string", JSONPath: ".status.url"},
+					{Name: "Nodes", Type: "integer", JSONPath: ".status.nodes"},
+					{Name: "Age", Type: "date", JSONPath: ".metadata.creationTimestamp"},
+				},
+				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
+					Type: "object",
+					XValidations: apiextensionsv1.ValidationRules{{
+						Rule:    fmt.Sprintf("size(self.metadata.name) <= %d", MaxNameLength),
+						Message: fmt.Sprintf("a cluster name is at most %d characters", MaxNameLength),
+					}},
+					Properties: map[string]apiextensionsv1.JSONSchemaProps{
+						"apiVersion": {Type: "string"},
+						"kind":       {Type: "string"},
+						"metadata":   {Type: "object"},
+						"spec":       spec,
+						"status":     status,
+					},
+				}},
+			}},
+		},
+	}
+}

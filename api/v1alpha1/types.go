@@ -1,0 +1,113 @@
+// Package v1alpha1 holds the management API's types: a Cluster is one tenant
+// Kubernetes cluster that the host runs.
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+const (
+	Group    = "socialweb.computer"
+	Version  = "v1alpha1"
+	Kind     = "Cluster"
+	Resource = "clusters"
+
+	// Finalizer holds a Cluster object until its processes, port lease and
+	// data are gone, so deleting the object never leaks them.
+	Finalizer = "socialweb.computer/teardown"
+
+	// SystemNamespace holds the daemon's own objects in the management API
+	// (leases, tenant admin kubeconfigs).
+	SystemNamespace = "socialweb-system"
+
+	// MaxNameLength keeps "<cluster>-<node suffix>" within a DNS-1123 label.
+	MaxNameLength = 40
+)
+
+// GroupVersionResource of Cluster objects, for dynamic clients.
+var ClusterResource = schema.GroupVersionResource{Group: Group, Version: Version, Resource: Resource}
+
+// Phase is a Cluster's coarse state. The conditions say why.
+type Phase string
+
+const (
+	PhaseInitializing Phase = "Initializing"
+	PhaseReady        Phase = "Ready"
+	PhaseUnavailable  Phase = "Unavailable"
+	PhaseDraining     Phase = "Draining"
+)
+
+// Condition types on a Cluster.
+const (
+	ConditionLeased      = "Leased"      // a port and a network are leased
+	ConditionProvisioned = "Provisioned" // datastore, PKI and config are on disk
+	ConditionRunning     = "Running"     // the control-plane process is up
+	ConditionReady       = "Ready"       // the tenant apiserver answers /readyz
+)
+
+// Cluster is a tenant Kubernetes cluster.
+type Cluster struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   ClusterSpec   `json:"spec,omitempty"`
+	Status ClusterStatus `json:"status,omitempty"`
+}
+
+// ClusterSpec is what the tenant asked for. Zero values take the daemon's
+// defaults when the object is created through the CLI.
+type ClusterSpec struct {
+	// MaxNodes caps how many worker microVMs the cluster may run at once.
+	MaxNodes int32 `json:"maxNodes,omitempty"`
+	// Hold is how long a node must be idle before it is removed.
+	Hold metav1.Duration `json:"hold,omitempty"`
+	// NodeCPUs is the vCPU count of each worker microVM.
+	NodeCPUs int32 `json:"nodeCPUs,omitempty"`
+	// NodeMemory is the memory of each worker microVM.
+	NodeMemory resource.Quantity `json:"nodeMemory,omitempty"`
+	// PodsPerNode is the kubelet's max pods on each worker.
+	PodsPerNode int32 `json:"podsPerNode,omitempty"`
+	// Datastore names the kind of datastore ("sqlite" or "postgres"); the
+	// daemon's configuration says where it is.
+	Datastore string `json:"datastore,omitempty"`
+}
+
+// ClusterStatus is what the daemon observed and did.
+type ClusterStatus struct {
+	Phase Phase `json:"phase,omitempty"`
+	// URL is the tenant apiserver's address on the host loopback.
+	URL string `json:"url,omitempty"`
+	// Port is the leased apiserver port; it stays the same for the cluster's life.
+	Port int32 `json:"port,omitempty"`
+	// Gateway is the host's address on the cluster's node network; the
+	// apiserver's serving certificate is valid for it.
+	Gateway     string `json:"gateway,omitempty"`
+	NodeCIDR    string `json:"nodeCIDR,omitempty"`
+	PodCIDR     string `json:"podCIDR,omitempty"`
+	ServiceCIDR string `json:"serviceCIDR,omitempty"`
+	// Nodes is the number of worker nodes the cluster has now.
+	Nodes int32 `json:"nodes"`
+	// LastScaleDecision is the last decision that changed something.
+	LastScaleDecision *ScaleDecision `json:"lastScaleDecision,omitempty"`
+	// Restarts counts control-plane process restarts since the daemon started.
+	Restarts           int32              `json:"restarts,omitempty"`
+	ObservedGeneration int64              `json:"observedGeneration,omitempty"`
+	Conditions         []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ScaleDecision records a scale decision in a form a person can read.
+type ScaleDecision struct {
+	Action string      `json:"action"`
+	Target int32       `json:"target"`
+	Reason string      `json:"reason"`
+	Time   metav1.Time `json:"time"`
+}
+
+// ClusterList is a list of Clusters.
+type ClusterList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Cluster `json:"items"`
+}

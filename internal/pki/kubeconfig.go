@@ -1,0 +1,42 @@
+package pki
+
+import (
+	"fmt"
+	"os"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// Kubeconfig builds a kubeconfig for server that embeds the server CA and a
+// client identity's certificate and key, so it works copied anywhere.
+func Kubeconfig(p Paths, id Identity, contextName, server string) ([]byte, error) {
+	ca, err := os.ReadFile(p.ServerCA)
+	if err != nil {
+		return nil, fmt.Errorf("reading server CA: %w", err)
+	}
+	certPath, keyPath := p.Cert(id)
+	cert, err := os.ReadFile(certPath)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s certificate: %w", id.Name, err)
+	}
+	key, err := os.ReadFile(keyPath)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s key: %w", id.Name, err)
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[contextName] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca}
+	cfg.AuthInfos[contextName] = &clientcmdapi.AuthInfo{ClientCertificateData: cert, ClientKeyData: key}
+	cfg.Contexts[contextName] = &clientcmdapi.Context{Cluster: contextName, AuthInfo: contextName}
+	cfg.CurrentContext = contextName
+	return clientcmd.Write(*cfg)
+}
+
+// WriteKubeconfig writes a kubeconfig with mode 0600: it holds a private key.
+func WriteKubeconfig(path string, p Paths, id Identity, contextName, server string) error {
+	b, err := Kubeconfig(p, id, contextName, server)
+	if err != nil {
+		return err
+	}
+	return writeFile(path, b, 0o600)
+}

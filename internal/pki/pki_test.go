@@ -1,0 +1,144 @@
+package pki
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func readCert(t *testing.T, path string) *x509.Certificate {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		t.Fatalf("%s: not PEM", path)
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func pool(t *testing.T, path string) *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(readCert(t, path))
+	return p
+}
+
+func ensure(t *testing.T, dir string, ips ...string) Paths {
+	t.Helper()
+	var parsed []net.IP
+	for _, ip := range ips {
+		parsed = append(parsed, net.ParseIP(ip))
+	}
+	p, err := Ensure(dir, Options{ServingIPs: parsed, ServingNames: []string{"localhost"}, Clients: []Identity{Admin, Scheduler}})
+	if err != nil {
+		t.Fatalf("Ensure: %v", err)
+	}
+	return p
+}
+
+func TestServingCertCoversLoopbackAndGateway(t *testing.T) {
+	p := ensure(t, t.TempDir(), "127.0.0.1", "10.250.3.1")
+	cert := readCert(t, p.ServingCert)
+	for _, host := range []string{"127.0.0.1", "10.250.3.1", "localhost"} {
+		if _, err := cert.Verify(x509.VerifyOptions{DNSName: host, Roots: pool(t, p.ServerCA)}); err != nil {
+			t.Errorf("serving cert not valid for %s: %v", host, err)
+		}
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{DNSName: "10.250.4.1", Roots: pool(t, p.ServerCA)}); err == nil {
+		t.Errorf("serving cert valid for another cluster's gateway")
+	}
+}
+
+func TestClientCertsChainOnlyToTheirOwnClientCA(t *testing.T) {
+	a := ensure(t, t.TempDir(), "127.0.0.1")
+	b := ensure(t, t.TempDir(), "127.0.0.1")
+	certA, _ := a.Cert(Admin)
+	admin := readCert(t, certA)
+	usage := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	if _, err := admin.Verify(x509.VerifyOptions{Roots: pool(t, a.ClientCA), KeyUsages: usage}); err != nil {
+		t.Errorf("A's admin cert does not verify against A's client CA: %v", err)
+	}
+	if _, err := admin.Verify(x509.VerifyOptions{Roots: pool(t, b.ClientCA), KeyUsages: usage}); err == nil {
+		t.Errorf("A's admin cert verifies against B's client CA")
+	}
+	if _, err := admin.Verify(x509.VerifyOptions{Roots: pool(t, a.ServerCA), KeyUsages: usage}); err == nil {
+		t.Errorf("a client cert verifies against the server CA: the CAs are not separate")
+	}
+	if got := admin.Subject.Organization; len(got) != 1 || got[0] != "system:masters" {
+		t.Errorf("admin organizations = %v", got)
+	}
+}
+
+func TestKeysAreOwnerOnly(t *testing.T) {
+	p := ensure(t, t.TempDir(), "127.0.0.1")
+	keys, _ := filepath.Glob(filepath.Join(p.Dir, "*.key"))
+	if len(keys) < 5 {
+		t.Fatalf("found %d keys, want at least 5", len(keys))
+	}
+	for _, k := range keys {
+		st, err := os.Stat(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != 0o600 {
+			t.Errorf("%s has mode %v, want 0600", k, st.Mode().Perm())
+		}
+	}
+	st, _ := os.Stat(p.Dir)
+	if st.Mode().Perm() != 0o700 {
+		t.Errorf("pki dir mode %v, want 0700", st.Mode().Perm())
+	}
+}
+
+func TestEnsureKeepsCAsAndReissuesChangedLeaves(t *testing.T) {
+	tests := []struct {
+		name        string
+		secondIPs   []string
+		wantReissue bool
+	}{
+		{"same names keep the serving cert", []string{"127.0.0.1"}, false},
+		{"a new gateway reissues the serving cert", []string{"127.0.0.1", "10.250.9.1"}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p := ensure(t, dir, "127.0.0.1")
+			ca1 := readCert(t, p.ServerCA)
+			s1 := readCert(t, p.ServingCert)
+			p = ensure(t, dir, tt.secondIPs...)
+			if !readCert(t, p.ServerCA).Equal(ca1) {
+				t.Errorf("server CA replaced by a second Ensure")
+			}
+			reissued := !readCert(t, p.ServingCert).Equal(s1)
+			if reissued != tt.wantReissue {
+				t.Errorf("serving cert reissued = %v, want %v", reissued, tt.wantReissue)
+			}
+		})
+	}
+}
+
+func TestExpiringLeafIsRenewed(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	if _, err := Ensure(dir, Options{ServingIPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Now: now}); err != nil {
+		t.Fatal(err)
+	}
+	s1 := readCert(t, PathsFor(dir).ServingCert)
+	later := now.Add(leafValidity - renewBefore/2)
+	if _, err := Ensure(dir, Options{ServingIPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Now: later}); err != nil {
+		t.Fatal(err)
+	}
+	if readCert(t, PathsFor(dir).ServingCert).Equal(s1) {
+		t.Errorf("a serving cert inside its renewal window was not renewed")
+	}
+}
