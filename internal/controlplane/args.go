@@ -1,0 +1,93 @@
+package controlplane
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/socialweb-computer/socialweb/internal/pki"
+)
+
+// serviceAccountIssuer is the same in every cluster; each cluster's tokens
+// are still its own because each has its own signing key.
+const serviceAccountIssuer = "https://kubernetes.default.svc.cluster.local"
+
+func apiserverArgs(c Config) []string {
+	p := c.PKI()
+	kcert, kkey := p.Cert(pki.KubeletClient)
+	args := []string{
+		"--bind-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(c.Port),
+		"--advertise-address=" + c.AdvertiseAddress,
+		// kine listens on a socket in the working directory, which the
+		// process sets to c.Dir: a unix socket path has a length limit.
+		"--etcd-servers=unix://kine.sock",
+		"--storage-backend=etcd3",
+		"--tls-cert-file=" + p.ServingCert,
+		"--tls-private-key-file=" + p.ServingKey,
+		"--client-ca-file=" + p.ClientCA,
+		"--service-account-key-file=" + p.ServiceAccountPub,
+		"--service-account-signing-key-file=" + p.ServiceAccountKey,
+		"--service-account-issuer=" + serviceAccountIssuer,
+		"--api-audiences=" + serviceAccountIssuer,
+		"--service-cluster-ip-range=" + c.ServiceCIDR,
+		"--kubelet-client-certificate=" + kcert,
+		"--kubelet-client-key=" + kkey,
+		"--anonymous-auth=false",
+		"--allow-privileged=true",
+		"--profiling=false",
+		"--cert-dir=" + p.Dir,
+		"--event-ttl=1h",
+		"--v=0",
+	}
+	if c.Tenant {
+		args = append(args,
+			"--authorization-mode=Node,RBAC",
+			"--enable-bootstrap-token-auth=true",
+			"--enable-admission-plugins=NodeRestriction",
+		)
+	} else {
+		args = append(args, "--authorization-mode=RBAC")
+	}
+	return args
+}
+
+func controllerManagerArgs(c Config) []string {
+	p := c.PKI()
+	kc := c.Kubeconfig(pki.ControllerManager)
+	return []string{
+		"--kubeconfig=" + kc,
+		"--authentication-kubeconfig=" + kc,
+		"--authorization-kubeconfig=" + kc,
+		// No serving port: nothing scrapes it, and a port per tenant
+		// would be one more thing to lease.
+		"--secure-port=0",
+		"--leader-elect=false",
+		// bootstrapsigner and tokencleaner are off by default; nodes join
+		// with bootstrap tokens, so they are needed.
+		"--controllers=*,bootstrapsigner,tokencleaner",
+		"--cluster-signing-cert-file=" + p.ClientCA,
+		"--cluster-signing-key-file=" + p.ClientCAKey,
+		"--root-ca-file=" + p.ServerCA,
+		"--service-account-private-key-file=" + p.ServiceAccountKey,
+		"--use-service-account-credentials=true",
+		"--allocate-node-cidrs=true",
+		"--cluster-cidr=" + c.ClusterCIDR,
+		fmt.Sprintf("--node-cidr-mask-size=%d", c.NodeCIDRMaskSize),
+		"--service-cluster-ip-range=" + c.ServiceCIDR,
+		"--profiling=false",
+		"--v=0",
+	}
+}
+
+func schedulerArgs(c Config) []string {
+	kc := c.Kubeconfig(pki.Scheduler)
+	return []string{
+		"--kubeconfig=" + kc,
+		"--authentication-kubeconfig=" + kc,
+		"--authorization-kubeconfig=" + kc,
+		"--secure-port=0",
+		"--leader-elect=false",
+		"--profiling=false",
+		"--v=0",
+	}
+}

@@ -1,0 +1,89 @@
+// Package controlplane runs one Kubernetes control plane in the current
+// process: kine over the configured datastore, then kube-apiserver, then (for
+// tenant clusters) kube-controller-manager and kube-scheduler. The daemon runs
+// each control plane in its own child process, so a crash or a leak stays
+// with one tenant.
+package controlplane
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/socialweb-computer/socialweb/internal/pki"
+)
+
+// Component names.
+const (
+	APIServer         = "apiserver"
+	ControllerManager = "controller-manager"
+	Scheduler         = "scheduler"
+)
+
+// ConfigFile is the name of the config file in a control plane's directory.
+const ConfigFile = "controlplane.json"
+
+// Config is everything a control-plane process needs. The daemon writes it
+// (mode 0600: a postgres URL may hold a password) and the child reads it.
+type Config struct {
+	Name string `json:"name"`
+	// Dir holds pki/, the sqlite database and the kine socket.
+	Dir        string   `json:"dir"`
+	Components []string `json:"components"`
+	// Datastore is a kine endpoint: sqlite://path or postgres://...
+	Datastore string `json:"datastore"`
+	Port      int    `json:"port"`
+	// AdvertiseAddress is the address nodes reach the apiserver on.
+	AdvertiseAddress string `json:"advertiseAddress"`
+	ServiceCIDR      string `json:"serviceCIDR"`
+	ClusterCIDR      string `json:"clusterCIDR,omitempty"`
+	NodeCIDRMaskSize int    `json:"nodeCIDRMaskSize,omitempty"`
+	// Tenant enables what worker nodes need: Node authorization, bootstrap
+	// tokens, NodeRestriction.
+	Tenant bool `json:"tenant"`
+}
+
+// Has reports whether the config runs a component.
+func (c Config) Has(component string) bool { return slices.Contains(c.Components, component) }
+
+// PKI returns the paths of the control plane's certificates.
+func (c Config) PKI() pki.Paths { return pki.PathsFor(filepath.Join(c.Dir, "pki")) }
+
+// Kubeconfig returns the path of a client identity's kubeconfig.
+func (c Config) Kubeconfig(id pki.Identity) string {
+	return filepath.Join(c.Dir, id.Name+".kubeconfig")
+}
+
+// URL is the apiserver's loopback address.
+func (c Config) URL() string { return fmt.Sprintf("https://127.0.0.1:%d", c.Port) }
+
+// Write stores the config in its directory.
+func (c Config) Write() error {
+	b, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(c.Dir, ConfigFile)
+	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return os.Rename(path+".tmp", path)
+}
+
+// ReadConfig loads a config written by Write.
+func ReadConfig(path string) (Config, error) {
+	var c Config
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return c, fmt.Errorf("reading control-plane config: %w", err)
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, fmt.Errorf("parsing control-plane config %s: %w", path, err)
+	}
+	if c.Port == 0 || c.Dir == "" || c.Datastore == "" || len(c.Components) == 0 {
+		return c, fmt.Errorf("control-plane config %s is incomplete: port, dir, datastore and components are required", path)
+	}
+	return c, nil
+}

@@ -1,0 +1,40 @@
+package controlplane
+
+import (
+	"fmt"
+	"net"
+	"os"
+
+	"github.com/socialweb-computer/socialweb/internal/pki"
+)
+
+// clients are the identities a control plane issues certificates for.
+var clients = []pki.Identity{pki.Admin, pki.ControllerManager, pki.Scheduler, pki.KubeletClient}
+
+// Prepare lays down everything Run needs in c.Dir: the PKI (kept if present),
+// kubeconfigs for the components and the admin, and the config file. It is
+// idempotent, so the daemon calls it before every start.
+func Prepare(c Config, extraIPs ...net.IP) error {
+	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
+		return fmt.Errorf("creating control-plane dir: %w", err)
+	}
+	if err := os.Chmod(c.Dir, 0o700); err != nil {
+		return fmt.Errorf("restricting control-plane dir: %w", err)
+	}
+	ips := []net.IP{net.IPv4(127, 0, 0, 1).To4()}
+	if adv := net.ParseIP(c.AdvertiseAddress); adv != nil && !adv.IsLoopback() {
+		ips = append(ips, adv.To4())
+	}
+	ips = append(ips, extraIPs...)
+	names := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
+	p, err := pki.Ensure(c.PKI().Dir, pki.Options{ServingIPs: ips, ServingNames: names, Clients: clients})
+	if err != nil {
+		return fmt.Errorf("preparing PKI for %s: %w", c.Name, err)
+	}
+	for _, id := range []pki.Identity{pki.Admin, pki.ControllerManager, pki.Scheduler} {
+		if err := pki.WriteKubeconfig(c.Kubeconfig(id), p, id, c.Name, c.URL()); err != nil {
+			return fmt.Errorf("writing %s kubeconfig for %s: %w", id.Name, c.Name, err)
+		}
+	}
+	return c.Write()
+}

@@ -1,0 +1,218 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/k3s-io/kine/pkg/endpoint"
+	"github.com/socialweb-computer/socialweb/internal/pki"
+	"github.com/spf13/pflag"
+	cliflag "k8s.io/component-base/cli/flag"
+	basecompatibility "k8s.io/component-base/compatibility"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	apiserveroptions "k8s.io/kubernetes/cmd/kube-apiserver/app/options"
+	cmapp "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	cmoptions "k8s.io/kubernetes/cmd/kube-controller-manager/app/options"
+	schedulerapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	scheduleroptions "k8s.io/kubernetes/cmd/kube-scheduler/app/options"
+)
+
+// Run starts the configured components and blocks until ctx ends or one of
+// them fails; either way every component is stopped before it returns. It is
+// meant to be called once per process: the Kubernetes components keep
+// process-wide state (metrics registries, feature gates, klog).
+func Run(parent context.Context, c Config, log *slog.Logger) error {
+	if err := os.Chdir(c.Dir); err != nil {
+		return fmt.Errorf("entering control-plane dir: %w", err)
+	}
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+
+	start := time.Now()
+	if _, err := endpoint.Listen(ctx, endpoint.Config{
+		Listener: "unix://kine.sock",
+		Endpoint: c.Datastore,
+	}); err != nil {
+		return fmt.Errorf("starting kine for %s: %w", c.Name, err)
+	}
+	log.Info("datastore up", "elapsed", time.Since(start).Round(time.Millisecond))
+
+	done := make(chan error, 3)
+	go func() { done <- wrap(APIServer, runAPIServer(ctx, c)) }()
+	if err := waitReady(ctx, c, done); err != nil {
+		return err
+	}
+	log.Info("apiserver ready", "url", c.URL(), "elapsed", time.Since(start).Round(time.Millisecond))
+
+	running := 1
+	if c.Has(ControllerManager) {
+		running++
+		go func() { done <- wrap(ControllerManager, runControllerManager(ctx, c)) }()
+	}
+	if c.Has(Scheduler) {
+		running++
+		go func() { done <- wrap(Scheduler, runScheduler(ctx, c)) }()
+	}
+
+	err := <-done
+	cancel()
+	// Give the others a moment to shut down cleanly (the apiserver drains
+	// its requests); the process exits after this anyway.
+	deadline := time.After(5 * time.Second)
+	for running--; running > 0; running-- {
+		select {
+		case <-done:
+		case <-deadline:
+			running = 0
+		}
+	}
+	if parent.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func wrap(component string, err error) error {
+	if err == nil {
+		return fmt.Errorf("%s stopped", component)
+	}
+	return fmt.Errorf("%s: %w", component, err)
+}
+
+// parse fills a component's options from command-line style arguments, the
+// interface every Kubernetes component documents and keeps stable.
+func parse(name string, sets cliflag.NamedFlagSets, args []string) error {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	for _, f := range sets.FlagSets {
+		fs.AddFlagSet(f)
+	}
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%s flags: %w", name, err)
+	}
+	return nil
+}
+
+func runAPIServer(ctx context.Context, c Config) error {
+	s := apiserveroptions.NewServerRunOptions()
+	if err := parse("kube-apiserver", s.Flags(), apiserverArgs(c)); err != nil {
+		return err
+	}
+	if err := s.GenericServerRunOptions.ComponentGlobalsRegistry.Set(); err != nil {
+		return err
+	}
+	fg := s.GenericServerRunOptions.ComponentGlobalsRegistry.FeatureGateFor(basecompatibility.DefaultKubeComponent)
+	if err := logsapi.ValidateAndApply(s.Logs, fg); err != nil {
+		return err
+	}
+	completed, err := s.Complete(ctx)
+	if err != nil {
+		return err
+	}
+	if errs := completed.Validate(); len(errs) != 0 {
+		return errors.Join(errs...)
+	}
+	return apiserverapp.Run(ctx, completed)
+}
+
+func runControllerManager(ctx context.Context, c Config) error {
+	s, err := cmoptions.NewKubeControllerManagerOptions()
+	if err != nil {
+		return err
+	}
+	known, disabled, aliases := cmapp.KnownControllers(), cmapp.ControllersDisabledByDefault(), cmapp.ControllerAliases()
+	sets := s.Flags(known, disabled, aliases)
+	s.ParsedFlags = &sets
+	if err := parse("kube-controller-manager", sets, controllerManagerArgs(c)); err != nil {
+		return err
+	}
+	if err := s.ComponentGlobalsRegistry.Set(); err != nil {
+		return err
+	}
+	cfg, err := s.Config(ctx, known, disabled, aliases)
+	if err != nil {
+		return err
+	}
+	return cmapp.Run(ctx, cfg.Complete())
+}
+
+func runScheduler(ctx context.Context, c Config) error {
+	opts := scheduleroptions.NewOptions()
+	if err := parse("kube-scheduler", *opts.Flags, schedulerArgs(c)); err != nil {
+		return err
+	}
+	if err := opts.ComponentGlobalsRegistry.Set(); err != nil {
+		return err
+	}
+	cc, sched, err := schedulerapp.Setup(ctx, opts)
+	if err != nil {
+		return err
+	}
+	return schedulerapp.Run(ctx, cc, sched)
+}
+
+// waitReady polls /readyz with the admin identity until it answers 200, a
+// component fails, or ctx ends.
+func waitReady(ctx context.Context, c Config, done <-chan error) error {
+	client, err := AdminHTTPClient(c)
+	if err != nil {
+		return err
+	}
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if Probe(ctx, client, c.URL()) == nil {
+			return nil
+		}
+	}
+}
+
+// AdminHTTPClient is an HTTPS client that trusts only the cluster's server CA
+// and presents the admin certificate.
+func AdminHTTPClient(c Config) (*http.Client, error) {
+	p := c.PKI()
+	certPath, keyPath := p.Cert(pki.Admin)
+	cert, err := tls.LoadX509KeyPair(certPath, keyPath)
+	if err != nil {
+		return nil, fmt.Errorf("loading admin certificate: %w", err)
+	}
+	caPEM, err := os.ReadFile(p.ServerCA)
+	if err != nil {
+		return nil, fmt.Errorf("reading server CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	return &http.Client{
+		Timeout:   2 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}},
+	}, nil
+}
+
+// Probe returns nil when url/readyz answers 200.
+func Probe(ctx context.Context, client *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/readyz", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("/readyz answered %s", resp.Status)
+	}
+	return nil
+}

@@ -1,0 +1,123 @@
+package supervisor
+
+import (
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func quietLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func spec(t *testing.T, name string, args ...string) Spec {
+	dir := t.TempDir()
+	return Spec{
+		Name: name, Path: "/bin/sh", Args: args,
+		LogPath: filepath.Join(dir, name+".log"), RecordPath: filepath.Join(dir, name+".instance"),
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestCrashedProcessIsRestartedWithBackoff(t *testing.T) {
+	s := New(quietLog(), Backoff{Initial: 50 * time.Millisecond, Max: 100 * time.Millisecond, Reset: time.Minute}, nil)
+	sp := spec(t, "crasher", "-c", "exit 3")
+	s.Start(sp)
+	defer s.Stop("crasher", time.Second)
+	waitFor(t, "three restarts", func() bool { st, _ := s.State("crasher"); return st.Restarts >= 3 })
+	st, _ := s.State("crasher")
+	if st.LastExit != "exited: exit status 3" {
+		t.Errorf("LastExit = %q", st.LastExit)
+	}
+}
+
+func TestStopKillsAndRemovesRecord(t *testing.T) {
+	s := New(quietLog(), DefaultBackoff(), nil)
+	sp := spec(t, "sleeper", "-c", "trap '' TERM; sleep 30")
+	s.Start(sp)
+	waitFor(t, "running", func() bool { st, _ := s.State("sleeper"); return st.Running })
+	rec, err := readRecord(sp.RecordPath)
+	if err != nil {
+		t.Fatalf("no instance record: %v", err)
+	}
+	if !rec.Alive() {
+		t.Fatalf("record names a process that is not alive: %+v", rec)
+	}
+	start := time.Now()
+	s.Stop("sleeper", 200*time.Millisecond)
+	if rec.Alive() {
+		t.Errorf("process survived Stop")
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Errorf("Stop took %v", time.Since(start))
+	}
+	if _, err := os.Stat(sp.RecordPath); !os.IsNotExist(err) {
+		t.Errorf("record left behind: %v", err)
+	}
+	if _, ok := s.State("sleeper"); ok {
+		t.Errorf("stopped process still supervised")
+	}
+}
+
+func TestReap(t *testing.T) {
+	tests := []struct {
+		name       string
+		tamper     func(*Identity)
+		wantKilled bool
+	}{
+		{"the exact process is reaped", func(*Identity) {}, true},
+		{"a recycled pid (other start time) is left alone", func(id *Identity) { id.StartTime++ }, false},
+		{"another command line is left alone", func(id *Identity) { id.Cmdline = []string{"something-else"} }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd := exec.Command("sleep", "30")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(exited) }()
+			defer func() { _ = cmd.Process.Kill(); <-exited }()
+			id, err := Observe(cmd.Process.Pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.tamper(&id)
+			path := filepath.Join(t.TempDir(), "instance")
+			if err := writeRecord(path, id); err != nil {
+				t.Fatal(err)
+			}
+			killed, err := Reap(path, time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if killed != tt.wantKilled {
+				t.Errorf("killed = %v, want %v", killed, tt.wantKilled)
+			}
+			select {
+			case <-exited:
+				if !tt.wantKilled {
+					t.Errorf("an unrelated process was killed")
+				}
+			case <-time.After(300 * time.Millisecond):
+				if tt.wantKilled {
+					t.Errorf("reaped process still running")
+				}
+			}
+			if _, err := os.Stat(path); !os.IsNotExist(err) {
+				t.Errorf("record not removed")
+			}
+		})
+	}
+}
