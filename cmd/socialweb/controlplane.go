@@ -3,6 +3,7 @@ package main
 import (
 	"log/slog"
 	"os"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -18,11 +19,13 @@ func newControlPlaneCommand() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// The datastore and sockets it creates hold secrets.
+			syscall.Umask(0o077)
 			c, err := controlplane.ReadConfig(config)
 			if err != nil {
 				return err
 			}
-			log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("cluster", c.Name)
+			log := newLogger(os.Stderr, slog.LevelInfo).With("cluster", c.Name)
 			return controlplane.Run(cmd.Context(), c, log)
 		},
 	}

@@ -46,7 +46,9 @@ func apiserverArgs(c Config) []string {
 			"--enable-admission-plugins=NodeRestriction",
 		)
 	} else {
-		args = append(args, "--authorization-mode=RBAC")
+		// The management API advertises loopback, which the endpoint
+		// reconciler refuses; nothing in it needs the kubernetes Service.
+		args = append(args, "--authorization-mode=RBAC", "--endpoint-reconciler-type=none")
 	}
 	return args
 }
@@ -90,4 +92,10 @@ func schedulerArgs(c Config) []string {
 		"--profiling=false",
 		"--v=0",
 	}
+}
+
+// ComponentArgs returns the flags each component runs with, so a benchmark
+// can start the upstream binaries with exactly the same configuration.
+func ComponentArgs(c Config) (apiserver, controllerManager, scheduler []string) {
+	return apiserverArgs(c), controllerManagerArgs(c), schedulerArgs(c)
 }

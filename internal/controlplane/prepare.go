@@ -9,7 +9,9 @@ import (
 )
 
 // clients are the identities a control plane issues certificates for.
-var clients = []pki.Identity{pki.Admin, pki.ControllerManager, pki.Scheduler, pki.KubeletClient}
+func clients() []pki.Identity {
+	return []pki.Identity{pki.Admin, pki.ControllerManager, pki.Scheduler, pki.KubeletClient}
+}
 
 // Prepare lays down everything Run needs in c.Dir: the PKI (kept if present),
 // kubeconfigs for the components and the admin, and the config file. It is
@@ -27,7 +29,7 @@ func Prepare(c Config, extraIPs ...net.IP) error {
 	}
 	ips = append(ips, extraIPs...)
 	names := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
-	p, err := pki.Ensure(c.PKI().Dir, pki.Options{ServingIPs: ips, ServingNames: names, Clients: clients})
+	p, err := pki.Ensure(c.PKI().Dir, pki.Options{ServingIPs: ips, ServingNames: names, Clients: clients()})
 	if err != nil {
 		return fmt.Errorf("preparing PKI for %s: %w", c.Name, err)
 	}

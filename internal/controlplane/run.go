@@ -37,10 +37,7 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 	defer cancel()
 
 	start := time.Now()
-	if _, err := endpoint.Listen(ctx, endpoint.Config{
-		Listener: "unix://kine.sock",
-		Endpoint: c.Datastore,
-	}); err != nil {
+	if _, err := endpoint.Listen(ctx, kineConfig(c)); err != nil {
 		return fmt.Errorf("starting kine for %s: %w", c.Name, err)
 	}
 	log.Info("datastore up", "elapsed", time.Since(start).Round(time.Millisecond))
@@ -51,6 +48,11 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 		return err
 	}
 	log.Info("apiserver ready", "url", c.URL(), "elapsed", time.Since(start).Round(time.Millisecond))
+	if c.Tenant {
+		if err := bootstrapTenant(ctx, c); err != nil {
+			return fmt.Errorf("bootstrapping %s for node joins: %w", c.Name, err)
+		}
+	}
 
 	running := 1
 	if c.Has(ControllerManager) {
@@ -78,6 +80,26 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 		return nil
 	}
 	return err
+}
+
+// kineConfig is kine's own command-line defaults, with a smaller idle
+// connection pool: a tenant is one apiserver, not a fleet.
+func kineConfig(c Config) endpoint.Config {
+	cfg := endpoint.Config{
+		Listener:            "unix://kine.sock",
+		Endpoint:            c.Datastore,
+		NotifyInterval:      5 * time.Second,
+		EmulatedETCDVersion: "3.6.11",
+		CompactInterval:     5 * time.Minute,
+		CompactTimeout:      5 * time.Second,
+		CompactMinRetain:    1000,
+		CompactBatchSize:    1000,
+		PollBatchSize:       500,
+		PollInterval:        time.Second,
+	}
+	cfg.ConnectionPoolConfig.MaxIdle = 5
+	cfg.ConnectionPoolConfig.MaxIdleTime = 2 * time.Minute
+	return cfg
 }
 
 func wrap(component string, err error) error {

@@ -1,0 +1,24 @@
+package v1alpha1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// DeepCopy returns a copy sharing no memory with c.
+func (c *Cluster) DeepCopy() *Cluster {
+	if c == nil {
+		return nil
+	}
+	out := &Cluster{TypeMeta: c.TypeMeta, Spec: c.Spec, Status: c.Status}
+	c.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	out.Spec.NodeMemory = c.Spec.NodeMemory.DeepCopy()
+	if c.Status.LastScaleDecision != nil {
+		d := *c.Status.LastScaleDecision
+		out.Status.LastScaleDecision = &d
+	}
+	if c.Status.Conditions != nil {
+		out.Status.Conditions = make([]metav1.Condition, len(c.Status.Conditions))
+		for i := range c.Status.Conditions {
+			c.Status.Conditions[i].DeepCopyInto(&out.Status.Conditions[i])
+		}
+	}
+	return out
+}

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+)
+
+func newClusterCreateCommand(g *globalOptions) *cobra.Command {
+	var (
+		wait        bool
+		timeout     time.Duration
+		maxNodes    int32
+		hold        time.Duration
+		nodeCPUs    int32
+		nodeMemory  string
+		podsPerNode int32
+	)
+	cmd := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a tenant cluster (its control plane comes up with zero nodes)",
+		Args:  nameArg,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			c := &v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: name}}
+			f := cmd.Flags()
+			// Only what was asked for is set; the daemon fills the rest from
+			// its --default-* flags.
+			if f.Changed("max-nodes") {
+				if maxNodes < 0 {
+					return usageError{errf("--max-nodes %d: want 0 or more", maxNodes)}
+				}
+				c.Spec.MaxNodes = maxNodes
+			}
+			if f.Changed("hold") {
+				if hold < 0 {
+					return usageError{errf("--hold %s: want a positive duration such as 1m", hold)}
+				}
+				c.Spec.Hold = metav1.Duration{Duration: hold}
+			}
+			if f.Changed("node-cpus") {
+				if nodeCPUs < 1 {
+					return usageError{errf("--node-cpus %d: want 1 or more", nodeCPUs)}
+				}
+				c.Spec.NodeCPUs = nodeCPUs
+			}
+			if f.Changed("node-memory") {
+				q, err := resource.ParseQuantity(nodeMemory)
+				if err != nil || q.Sign() <= 0 {
+					return usageError{errf("--node-memory %q: want a positive quantity such as 2Gi or 512Mi", nodeMemory)}
+				}
+				c.Spec.NodeMemory = q
+			}
+			if f.Changed("pods-per-node") {
+				if podsPerNode < 1 {
+					return usageError{errf("--pods-per-node %d: want 1 or more", podsPerNode)}
+				}
+				c.Spec.PodsPerNode = podsPerNode
+			}
+			ctx := cmd.Context()
+			m, err := g.connect(ctx)
+			if err != nil {
+				return err
+			}
+			u, err := c.ToUnstructured()
+			if err != nil {
+				return err
+			}
+			_, err = m.dyn.Resource(v1.ClusterResource).Create(ctx, u, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				return fmt.Errorf("cluster %q already exists: pick another name, or delete it first with `socialweb cluster delete %s`", name, name)
+			}
+			if err != nil {
+				return fmt.Errorf("creating cluster %s: %w", name, err)
+			}
+			c, err = waitLeased(ctx, m, name)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "cluster %s created: %s\n", name, c.Status.URL)
+			if !wait {
+				return nil
+			}
+			start := time.Now()
+			ctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			c, err = waitPhase(ctx, m, name, v1.PhaseReady)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "cluster %s is Ready at %s (%.1fs); `socialweb cluster kubeconfig %s` prints its admin kubeconfig\n",
+				name, c.Status.URL, time.Since(start).Seconds(), name)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&wait, "wait", false, "wait until the control plane is Ready")
+	f.DurationVar(&timeout, "timeout", 5*time.Minute, "how long --wait waits")
+	f.Int32Var(&maxNodes, "max-nodes", 0, "max worker nodes (default: the daemon's --default-max-nodes)")
+	f.DurationVar(&hold, "hold", 0, "idle time before a node is removed (default: the daemon's --default-hold)")
+	f.Int32Var(&nodeCPUs, "node-cpus", 0, "vCPUs per worker node (default: the daemon's --default-node-cpus)")
+	f.StringVar(&nodeMemory, "node-memory", "", "memory per worker node, e.g. 2Gi (default: the daemon's --default-node-memory)")
+	f.Int32Var(&podsPerNode, "pods-per-node", 0, "max pods per worker node (default: the daemon's --default-pods-per-node)")
+	documentEnv(f)
+	return cmd
+}
+
+// waitLeased waits for the daemon to lease a port. If it cannot, the
+// Cluster is deleted again, so a refused create leaves nothing behind.
+func waitLeased(ctx context.Context, m *mgmtClients, name string) (*v1.Cluster, error) {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for {
+		c, err := m.getCluster(ctx, name)
+		if err == nil {
+			cond := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionLeased)
+			if cond != nil && cond.Status == metav1.ConditionTrue && c.Status.URL != "" {
+				return c, nil
+			}
+			if cond != nil && cond.Reason == "LeaseFailed" {
+				_ = m.dyn.Resource(v1.ClusterResource).Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{})
+				waitGone(context.WithoutCancel(ctx), m, name, 30*time.Second)
+				return nil, fmt.Errorf("cluster %s not created: %s", name, cond.Message)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("cluster %s was created but the daemon has not leased it a port after 60s: is `socialweb serve` running? (`socialweb cluster get %s` shows its conditions)", name, name)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// waitPhase waits for a phase, printing each change of phase or condition.
+func waitPhase(ctx context.Context, m *mgmtClients, name string, want v1.Phase) (*v1.Cluster, error) {
+	last := ""
+	for {
+		c, err := m.getCluster(ctx, name)
+		if err == nil {
+			ready := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionReady)
+			line := string(c.Status.Phase)
+			if ready != nil {
+				line += ": " + ready.Message
+			}
+			if line != last {
+				fmt.Fprintf(os.Stderr, "  %s %s\n", name, line)
+				last = line
+			}
+			if c.Status.Phase == want {
+				return c, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("cluster %s not %s in time (last: %s); `socialweb cluster get %s` shows its conditions", name, want, last, name)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func waitGone(ctx context.Context, m *mgmtClients, name string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		_, err := m.dyn.Resource(v1.ClusterResource).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return false
+}

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/provider"
+)
+
+func newClusterKubeconfigCommand(g *globalOptions) *cobra.Command {
+	return &cobra.Command{
+		Use:   "kubeconfig NAME",
+		Short: "Print a tenant's admin kubeconfig (CA and client certificate embedded)",
+		Args:  nameArg,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			m, err := g.connect(ctx)
+			if err != nil {
+				return err
+			}
+			c, err := m.getCluster(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			s, err := m.kube.CoreV1().Secrets(v1.SystemNamespace).Get(ctx, provider.AdminSecretName(c.Name), metav1.GetOptions{})
+			if apierrors.IsNotFound(err) || (err == nil && len(s.Data["kubeconfig"]) == 0) {
+				return fmt.Errorf("cluster %s has no admin kubeconfig yet (phase %q): retry once it is provisioned, or create with --wait", c.Name, c.Status.Phase)
+			}
+			if err != nil {
+				return fmt.Errorf("reading the admin kubeconfig of %s: %w", c.Name, err)
+			}
+			_, err = os.Stdout.Write(s.Data["kubeconfig"])
+			return err
+		},
+	}
+}

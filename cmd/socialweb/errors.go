@@ -1,0 +1,5 @@
+package main
+
+import "fmt"
+
+func errf(format string, args ...any) error { return fmt.Errorf(format, args...) }

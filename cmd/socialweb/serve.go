@@ -1,0 +1,57 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/socialweb-computer/socialweb/internal/daemon"
+)
+
+func newServeCommand(g *globalOptions) *cobra.Command {
+	var (
+		o        daemon.Options
+		memory   string
+		logLevel string
+		gogc     string
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the daemon: the management API and every tenant control plane",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			q, err := resource.ParseQuantity(memory)
+			if err != nil {
+				return usageError{errf("--default-node-memory %q: %v; want a quantity such as 1Gi or 512Mi", memory, err)}
+			}
+			o.Defaults.NodeMemory = q
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return usageError{errf("--log-level %q: want debug, info, warn or error", logLevel)}
+			}
+			o.StateDir = g.stateDir
+			if gogc != "" {
+				o.ControlPlaneEnv = append(o.ControlPlaneEnv, "GOGC="+gogc)
+			}
+			log := newLogger(os.Stderr, level)
+			return daemon.Run(cmd.Context(), o, log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Datastore, "datastore", "sqlite", `"sqlite" (a file per control plane) or postgres://user:password@host:port/db (a database per control plane)`)
+	f.IntVar(&o.APIPort, "api-port", 7443, "loopback port of the management API")
+	f.StringVar(&o.PortRange, "port-range", "7500-7599", "loopback ports leased to tenant apiservers, LOW-HIGH")
+	f.StringVar(&o.MetricsAddress, "metrics-address", "127.0.0.1:7080", `Prometheus /metrics listen address ("" disables)`)
+	f.Int32Var(&o.Defaults.MaxNodes, "default-max-nodes", 5, "max worker nodes of a cluster that does not say")
+	f.DurationVar(&o.Defaults.Hold, "default-hold", time.Minute, "idle time before a node is removed, for a cluster that does not say")
+	f.Int32Var(&o.Defaults.NodeCPUs, "default-node-cpus", 1, "vCPUs per worker node, for a cluster that does not say")
+	f.StringVar(&memory, "default-node-memory", "1Gi", "memory per worker node, for a cluster that does not say")
+	f.Int32Var(&o.Defaults.PodsPerNode, "default-pods-per-node", 110, "max pods per worker node, for a cluster that does not say")
+	f.StringVar(&gogc, "controlplane-gogc", "50", `GOGC of each control-plane process ("" leaves Go's default): lower trades CPU for memory`)
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	documentEnv(f)
+	return cmd
+}

@@ -1,0 +1,296 @@
+// Package daemon is `socialweb serve`: it brings up the management API (a
+// kube-apiserver over kine in a supervised child process), installs the
+// Cluster type, and runs the cluster provider until it is told to stop.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/controlplane"
+	"github.com/socialweb-computer/socialweb/internal/datastore"
+	"github.com/socialweb-computer/socialweb/internal/lease"
+	"github.com/socialweb-computer/socialweb/internal/nodenet"
+	"github.com/socialweb-computer/socialweb/internal/pki"
+	"github.com/socialweb-computer/socialweb/internal/provider"
+	"github.com/socialweb-computer/socialweb/internal/supervisor"
+)
+
+// AdminKubeconfig is the management API's admin kubeconfig in the state dir.
+const AdminKubeconfig = "admin.kubeconfig"
+
+// Options configure the daemon; cmd/socialweb maps flags onto them.
+type Options struct {
+	StateDir       string
+	Datastore      string
+	APIPort        int
+	PortRange      string
+	MetricsAddress string
+	Executable     string
+	Defaults       provider.Defaults
+	// ControlPlaneEnv is added to every control-plane process.
+	ControlPlaneEnv []string
+}
+
+// validated is Options after every check that can fail without side effects.
+type validated struct {
+	Options
+	ports lease.Range
+	store datastore.Store
+}
+
+// Validate checks everything that can be checked before anything is
+// created, so bad input changes nothing.
+func Validate(ctx context.Context, o Options) (validated, error) {
+	v := validated{Options: o}
+	if o.StateDir == "" {
+		return v, errors.New("--state-dir is required (or $SOCIALWEB_STATE_DIR)")
+	}
+	if o.APIPort < 1 || o.APIPort > 65535 {
+		return v, fmt.Errorf("--api-port %d: want 1-65535", o.APIPort)
+	}
+	r, err := lease.ParseRange(o.PortRange)
+	if err != nil {
+		return v, fmt.Errorf("--port-range: %w", err)
+	}
+	if o.APIPort >= r.Lo && o.APIPort <= r.Hi {
+		return v, fmt.Errorf("--api-port %d lies inside --port-range %s: pick a port outside the tenant range", o.APIPort, r)
+	}
+	v.ports = r
+	if o.Defaults.MaxNodes < 0 || o.Defaults.NodeCPUs < 1 || o.Defaults.PodsPerNode < 1 || o.Defaults.Hold < 0 || o.Defaults.NodeMemory.Sign() <= 0 {
+		return v, errors.New("cluster defaults must be positive: max nodes >= 0, node cpus >= 1, pods per node >= 1, hold >= 0, node memory > 0")
+	}
+	if v.store, err = datastore.Open(o.Datastore); err != nil {
+		return v, fmt.Errorf("--datastore: %w", err)
+	}
+	if err := v.store.Check(ctx); err != nil {
+		return v, err
+	}
+	if o.Executable == "" {
+		if v.Executable, err = os.Executable(); err != nil {
+			return v, fmt.Errorf("finding own executable: %w", err)
+		}
+	}
+	return v, nil
+}
+
+// Run serves until ctx ends, then stops every process it started.
+func Run(ctx context.Context, o Options, log *slog.Logger) error {
+	v, err := Validate(ctx, o)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(v.StateDir, "clusters"), 0o700); err != nil {
+		return fmt.Errorf("creating state dir: %w", err)
+	}
+	if err := os.Chmod(v.StateDir, 0o700); err != nil {
+		return fmt.Errorf("restricting state dir: %w", err)
+	}
+	reapStale(v.StateDir, log)
+
+	var prov *provider.Provider
+	sup := supervisor.New(log, supervisor.DefaultBackoff(), func(name string) {
+		if prov != nil {
+			prov.SupervisorHook(name)
+		}
+	})
+	defer func() {
+		log.Info("stopping every control plane")
+		sup.StopAll(10 * time.Second)
+		log.Info("stopped")
+	}()
+
+	mgmt, err := startManagement(ctx, v, sup, log)
+	if err != nil {
+		return err
+	}
+	restCfg, err := clientcmd.BuildConfigFromFlags("", mgmt)
+	if err != nil {
+		return err
+	}
+	restCfg.QPS, restCfg.Burst = 50, 100
+	kube := kubernetes.NewForConfigOrDie(restCfg)
+	dyn := dynamic.NewForConfigOrDie(restCfg)
+	if err := installAPI(ctx, restCfg, kube); err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if v.MetricsAddress != "" {
+		if err := serveMetrics(ctx, v.MetricsAddress, reg, log); err != nil {
+			return err
+		}
+	}
+
+	prov = provider.New(provider.Config{
+		StateDir:   v.StateDir,
+		Executable: v.Executable,
+		Ports:      v.ports,
+		Networks:   lease.Range{Lo: 1, Hi: nodenet.MaxIndex},
+		Defaults:   v.Defaults,
+		Env:        v.ControlPlaneEnv,
+	}, log.With("component", "provider"), dyn, kube, v.store, sup)
+	log.Info("serving", "managementAPI", restCfg.Host, "kubeconfig", mgmt, "datastore", v.store.Describe(), "portRange", v.ports.String())
+	return prov.Run(ctx)
+}
+
+// reapStale kills control planes an earlier daemon left running; they are
+// restarted fresh by the provider rather than adopted.
+func reapStale(stateDir string, log *slog.Logger) {
+	records, _ := filepath.Glob(filepath.Join(stateDir, "clusters", "*", "instance.json"))
+	records = append(records, filepath.Join(stateDir, "mgmt", "instance.json"))
+	for _, r := range records {
+		killed, err := supervisor.Reap(r, 10*time.Second)
+		if err != nil {
+			log.Warn("reaping stale process", "record", r, "err", err)
+		}
+		if killed {
+			log.Info("reaped a control plane left by an earlier daemon", "record", r)
+		}
+	}
+}
+
+// startManagement runs the management API and returns its admin kubeconfig.
+func startManagement(ctx context.Context, v validated, sup *supervisor.Supervisor, log *slog.Logger) (string, error) {
+	dir := filepath.Join(v.StateDir, "mgmt")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	endpoint, err := v.store.Ensure(ctx, "mgmt", dir)
+	if err != nil {
+		return "", fmt.Errorf("preparing management datastore: %w", err)
+	}
+	cfg := controlplane.Config{
+		Name: "mgmt", Dir: dir, Components: []string{controlplane.APIServer},
+		Datastore: endpoint, Port: v.APIPort, AdvertiseAddress: "127.0.0.1",
+		ServiceCIDR: "10.252.0.0/24",
+	}
+	if !portFree(v.APIPort) {
+		return "", fmt.Errorf("--api-port %d is in use on 127.0.0.1: stop what listens there (another socialweb serve?) or pick another port", v.APIPort)
+	}
+	if err := controlplane.Prepare(cfg); err != nil {
+		return "", err
+	}
+	sup.Start(supervisor.Spec{
+		Name: "mgmt", Path: v.Executable,
+		Args:       []string{"controlplane", "--config", filepath.Join(dir, controlplane.ConfigFile)},
+		Env:        v.ControlPlaneEnv,
+		LogPath:    filepath.Join(dir, "controlplane.log"),
+		RecordPath: filepath.Join(dir, "instance.json"),
+	})
+	client, err := controlplane.AdminHTTPClient(cfg)
+	if err != nil {
+		return "", err
+	}
+	start := time.Now()
+	log.Info("starting the management API", "url", cfg.URL())
+	for last := time.Now(); ; {
+		if err := controlplane.Probe(ctx, client, cfg.URL()); err == nil {
+			break
+		} else if time.Since(start) > 2*time.Minute {
+			return "", fmt.Errorf("management API at %s not ready after 2m: %v; see %s", cfg.URL(), err, filepath.Join(dir, "controlplane.log"))
+		} else if time.Since(last) > 5*time.Second {
+			log.Info("waiting for the management API", "elapsed", time.Since(start).Round(time.Second), "last", err.Error())
+			last = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	log.Info("management API ready", "elapsed", time.Since(start).Round(time.Millisecond))
+	path := filepath.Join(v.StateDir, AdminKubeconfig)
+	if err := pki.WriteKubeconfig(path, cfg.PKI(), pki.Admin, "socialweb", cfg.URL()); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// installAPI creates the system namespace and the Cluster CRD, and waits
+// until the CRD is served.
+func installAPI(ctx context.Context, restCfg *rest.Config, kube kubernetes.Interface) error {
+	_, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: v1.SystemNamespace}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating namespace %s: %w", v1.SystemNamespace, err)
+	}
+	ext, err := apiextensionsclient.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	crds := ext.ApiextensionsV1().CustomResourceDefinitions()
+	want := v1.CRD()
+	cur, err := crds.Get(ctx, want.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = crds.Create(ctx, want, metav1.CreateOptions{})
+	case err == nil:
+		want.ResourceVersion = cur.ResourceVersion
+		_, err = crds.Update(ctx, want, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("installing the Cluster CRD: %w", err)
+	}
+	for range 300 {
+		cur, err := crds.Get(ctx, want.Name, metav1.GetOptions{})
+		if err == nil {
+			for _, c := range cur.Status.Conditions {
+				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return errors.New("the Cluster CRD was not established within 30s")
+}
+
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--metrics-address %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { <-ctx.Done(); _ = srv.Close() }()
+	go func() { _ = srv.Serve(l) }()
+	log.Info("metrics", "address", l.Addr().String())
+	return nil
+}
+
+func portFree(port int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
+}

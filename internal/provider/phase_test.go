@@ -1,0 +1,138 @@
+package provider
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/lease"
+)
+
+func TestDecide(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	l := &lease.Lease{Port: 7500, Network: 1}
+	running := ProcessState{Supervised: true, Running: true, PID: 42}
+	exited := ProcessState{Supervised: true, Running: false, LastExit: "exited: signal: killed", Restarts: 1}
+	tests := []struct {
+		name      string
+		obs       Observed
+		wantPhase v1.Phase
+		wantOps   []Op
+		wantCond  map[string]string // type -> reason
+	}{
+		{
+			name:      "a new cluster gets a finalizer and a lease first",
+			obs:       Observed{Now: now},
+			wantPhase: v1.PhaseInitializing,
+			wantOps:   []Op{OpAddFinalizer, OpLease},
+			wantCond:  map[string]string{v1.ConditionLeased: "Pending"},
+		},
+		{
+			name:      "an exhausted range is a condition, not a retry loop",
+			obs:       Observed{Now: now, HasFinalizer: true, LeaseErr: errors.New("lease range exhausted: widen --port-range")},
+			wantPhase: v1.PhaseInitializing,
+			wantOps:   nil,
+			wantCond:  map[string]string{v1.ConditionLeased: "LeaseFailed"},
+		},
+		{
+			name:      "leased but not provisioned",
+			obs:       Observed{Now: now, HasFinalizer: true, Lease: l},
+			wantPhase: v1.PhaseInitializing,
+			wantOps:   []Op{OpProvision},
+			wantCond:  map[string]string{v1.ConditionLeased: "Leased", v1.ConditionProvisioned: "Pending"},
+		},
+		{
+			name:      "a failed provision is reported and not retried in the same pass",
+			obs:       Observed{Now: now, HasFinalizer: true, Lease: l, ProvisionErr: errors.New("postgres down")},
+			wantPhase: v1.PhaseInitializing,
+			wantCond:  map[string]string{v1.ConditionProvisioned: "ProvisionFailed"},
+		},
+		{
+			name:      "provisioned and not started",
+			obs:       Observed{Now: now, HasFinalizer: true, Lease: l, Provisioned: true},
+			wantPhase: v1.PhaseInitializing,
+			wantOps:   []Op{OpStart},
+			wantCond:  map[string]string{v1.ConditionRunning: "NotStarted", v1.ConditionReady: "Starting"},
+		},
+		{
+			name:      "running, not yet answering",
+			obs:       Observed{Now: now, HasFinalizer: true, Lease: l, Provisioned: true, Process: running, Probe: ProbeState{Err: "connection refused"}},
+			wantPhase: v1.PhaseInitializing,
+			wantCond:  map[string]string{v1.ConditionRunning: "Running", v1.ConditionReady: "Starting"},
+		},
+		{
+			name:      "answering readyz is Ready",
+			obs:       Observed{Now: now, HasFinalizer: true, Lease: l, Provisioned: true, Process: running, Probe: ProbeState{OK: true}},
+			wantPhase: v1.PhaseReady,
+			wantCond:  map[string]string{v1.ConditionReady: "ReadyzOK"},
+		},
+		{
+			name:      "it stopped answering after being Ready",
+			obs:       Observed{Now: now, HasFinalizer: true, Lease: l, Provisioned: true, Process: running, Probe: ProbeState{Err: "/readyz answered 500"}, WasReady: true},
+			wantPhase: v1.PhaseUnavailable,
+			wantCond:  map[string]string{v1.ConditionReady: "ReadyzFailed"},
+		},
+		{
+			name:      "the process crashed after being Ready",
+			obs:       Observed{Now: now, HasFinalizer: true, Lease: l, Provisioned: true, Process: exited, WasReady: true},
+			wantPhase: v1.PhaseUnavailable,
+			wantCond:  map[string]string{v1.ConditionReady: "ProcessExited", v1.ConditionRunning: "Exited"},
+		},
+		{
+			name:      "delete drains in order",
+			obs:       Observed{Now: now, Deleting: true, HasFinalizer: true, Lease: l, DataPresent: true, Process: running},
+			wantPhase: v1.PhaseDraining,
+			wantOps:   []Op{OpStop, OpRemoveData, OpReleaseLease, OpRemoveFinalizer},
+			wantCond:  map[string]string{v1.ConditionReady: "Deleting"},
+		},
+		{
+			name:      "a half-drained cluster finishes the rest",
+			obs:       Observed{Now: now, Deleting: true, HasFinalizer: true, Lease: l},
+			wantPhase: v1.PhaseDraining,
+			wantOps:   []Op{OpReleaseLease, OpRemoveFinalizer},
+		},
+		{
+			name:      "delete before anything was made only drops the finalizer",
+			obs:       Observed{Now: now, Deleting: true, HasFinalizer: true},
+			wantPhase: v1.PhaseDraining,
+			wantOps:   []Op{OpRemoveFinalizer},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := Decide(tt.obs)
+			if p.Phase != tt.wantPhase {
+				t.Errorf("phase = %s, want %s", p.Phase, tt.wantPhase)
+			}
+			if !slices.Equal(p.Ops, tt.wantOps) {
+				t.Errorf("ops = %v, want %v", p.Ops, tt.wantOps)
+			}
+			for typ, reason := range tt.wantCond {
+				c := findCondition(p.Conditions, typ)
+				if c == nil {
+					t.Errorf("no %s condition", typ)
+					continue
+				}
+				if c.Reason != reason {
+					t.Errorf("%s reason = %s (%s), want %s", typ, c.Reason, c.Message, reason)
+				}
+				if c.Message == "" {
+					t.Errorf("%s has no message", typ)
+				}
+			}
+		})
+	}
+}
+
+func findCondition(cs []metav1.Condition, typ string) *metav1.Condition {
+	for i := range cs {
+		if cs[i].Type == typ {
+			return &cs[i]
+		}
+	}
+	return nil
+}

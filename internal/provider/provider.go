@@ -1,0 +1,474 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/controlplane"
+	"github.com/socialweb-computer/socialweb/internal/datastore"
+	"github.com/socialweb-computer/socialweb/internal/lease"
+	"github.com/socialweb-computer/socialweb/internal/nodenet"
+	"github.com/socialweb-computer/socialweb/internal/pki"
+	"github.com/socialweb-computer/socialweb/internal/supervisor"
+)
+
+// Defaults fill a Cluster's empty spec fields.
+type Defaults struct {
+	MaxNodes    int32
+	Hold        time.Duration
+	NodeCPUs    int32
+	NodeMemory  resource.Quantity
+	PodsPerNode int32
+}
+
+// Config is what the provider needs from the daemon.
+type Config struct {
+	StateDir   string // clusters live in StateDir/clusters/NAME
+	Executable string // the socialweb binary, run as `controlplane` per tenant
+	Ports      lease.Range
+	Networks   lease.Range
+	Defaults   Defaults
+	// Env is added to each control-plane process's environment (GOGC...).
+	Env []string
+}
+
+// Provider reconciles Cluster objects. Run it once.
+type Provider struct {
+	cfg     Config
+	log     *slog.Logger
+	dyn     dynamic.Interface
+	kube    kubernetes.Interface
+	store   datastore.Store
+	sup     *supervisor.Supervisor
+	leases  leaseStore
+	queue   workqueue.TypedRateLimitingInterface[string]
+	lister  cache.GenericLister
+	probeMu sync.Mutex
+	probes  map[string]*probe
+	// failures remembers the last Lease/Provision error per cluster so the
+	// plan reports it instead of retrying in a tight loop.
+	failMu   sync.Mutex
+	failures map[string]map[Op]error
+}
+
+type probe struct {
+	state  ProbeState
+	client *http.Client
+	url    string
+}
+
+// New wires a provider. The supervisor must have been created with
+// p.Enqueue-compatible change notifications (see SupervisorHook).
+func New(cfg Config, log *slog.Logger, dyn dynamic.Interface, kube kubernetes.Interface, store datastore.Store, sup *supervisor.Supervisor) *Provider {
+	return &Provider{
+		cfg: cfg, log: log, dyn: dyn, kube: kube, store: store, sup: sup,
+		leases:   leaseStore{kube: kube, ports: cfg.Ports, networks: cfg.Networks},
+		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		probes:   map[string]*probe{},
+		failures: map[string]map[Op]error{},
+	}
+}
+
+// ProcessName is the supervisor's name for a cluster's control plane.
+func ProcessName(cluster string) string { return "cluster/" + cluster }
+
+// ClusterDir is where a cluster's files live.
+func ClusterDir(stateDir, cluster string) string { return filepath.Join(stateDir, "clusters", cluster) }
+
+// SupervisorHook is the onChange callback to give the supervisor.
+func (p *Provider) SupervisorHook(name string) {
+	if len(name) > len("cluster/") && name[:len("cluster/")] == "cluster/" {
+		p.queue.Add(name[len("cluster/"):])
+	}
+}
+
+// Run watches Clusters until ctx ends, then stops every control plane.
+func (p *Provider) Run(ctx context.Context) error {
+	factory := dynamicinformer.NewDynamicSharedInformerFactory(p.dyn, 30*time.Second)
+	inf := factory.ForResource(v1.ClusterResource)
+	p.lister = inf.Lister()
+	_, _ = inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { p.enqueue(o) },
+		UpdateFunc: func(_, o any) { p.enqueue(o) },
+		DeleteFunc: func(o any) { p.enqueue(o) },
+	})
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+		return fmt.Errorf("cluster informer did not sync")
+	}
+	go p.probeLoop(ctx)
+	go func() {
+		<-ctx.Done()
+		p.queue.ShutDown()
+	}()
+	for p.processNext(ctx) {
+	}
+	return nil
+}
+
+func (p *Provider) enqueue(o any) {
+	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = d.Obj
+	}
+	if u, ok := o.(*unstructured.Unstructured); ok {
+		p.queue.Add(u.GetName())
+	}
+}
+
+func (p *Provider) processNext(ctx context.Context) bool {
+	name, quit := p.queue.Get()
+	if quit {
+		return false
+	}
+	defer p.queue.Done(name)
+	requeue, err := p.reconcile(ctx, name)
+	switch {
+	case err != nil:
+		p.log.Error("reconcile failed", "cluster", name, "err", err)
+		p.queue.AddRateLimited(name)
+	case requeue > 0:
+		p.queue.Forget(name)
+		p.queue.AddAfter(name, requeue)
+	default:
+		p.queue.Forget(name)
+	}
+	return true
+}
+
+// reconcile observes, plans and acts until the plan has nothing left to do
+// (or an op fails), then writes the status.
+func (p *Provider) reconcile(ctx context.Context, name string) (time.Duration, error) {
+	obj, err := p.lister.Get(name)
+	if apierrors.IsNotFound(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	c, err := v1.FromUnstructured(obj.(*unstructured.Unstructured))
+	if err != nil {
+		return 0, err
+	}
+	var plan Plan
+	var obs Observed
+	for range 10 {
+		obs, err = p.observe(ctx, c)
+		if err != nil {
+			return 0, err
+		}
+		plan = Decide(obs)
+		if len(plan.Ops) == 0 {
+			break
+		}
+		if c, err = p.act(ctx, c, obs, plan.Ops); err != nil {
+			return 0, err
+		}
+		if c == nil { // finalizer removed: the object is gone
+			return 0, nil
+		}
+	}
+	if err := p.writeStatus(ctx, c, obs, plan); err != nil {
+		return 0, err
+	}
+	if obs.LeaseErr != nil || obs.ProvisionErr != nil {
+		return 10 * time.Second, nil
+	}
+	return 0, nil
+}
+
+func (p *Provider) observe(ctx context.Context, c *v1.Cluster) (Observed, error) {
+	o := Observed{
+		Deleting:     c.DeletionTimestamp != nil,
+		HasFinalizer: slices.Contains(c.Finalizers, v1.Finalizer),
+		Now:          time.Now(),
+		WasReady:     meta.IsStatusConditionTrue(c.Status.Conditions, v1.ConditionReady) || c.Status.Phase == v1.PhaseUnavailable,
+	}
+	l, err := p.leases.Get(ctx, c.Name)
+	if err != nil {
+		return o, err
+	}
+	o.Lease = l
+	p.failMu.Lock()
+	o.LeaseErr = p.failures[c.Name][OpLease]
+	o.ProvisionErr = p.failures[c.Name][OpProvision]
+	p.failMu.Unlock()
+	dir := ClusterDir(p.cfg.StateDir, c.Name)
+	if _, err := os.Stat(dir); err == nil {
+		o.DataPresent = true
+	}
+	if l != nil {
+		if cfg, err := controlplane.ReadConfig(filepath.Join(dir, controlplane.ConfigFile)); err == nil && cfg.Port == l.Port {
+			o.Provisioned = true
+		}
+	}
+	if o.Provisioned || o.Deleting {
+		// Postgres data exists once provisioned, even if the dir is gone.
+		o.DataPresent = o.DataPresent || (o.Provisioned && p.store.Kind() == "postgres")
+	}
+	if st, ok := p.sup.State(ProcessName(c.Name)); ok {
+		o.Process = ProcessState{Supervised: true, Running: st.Running, PID: st.PID, Restarts: st.Restarts, LastExit: st.LastExit, Since: st.Since}
+	}
+	p.probeMu.Lock()
+	if pr := p.probes[c.Name]; pr != nil {
+		o.Probe = pr.state
+	}
+	p.probeMu.Unlock()
+	return o, nil
+}
+
+func (p *Provider) fail(cluster string, op Op, err error) {
+	p.failMu.Lock()
+	defer p.failMu.Unlock()
+	if p.failures[cluster] == nil {
+		p.failures[cluster] = map[Op]error{}
+	}
+	if err == nil {
+		delete(p.failures[cluster], op)
+	} else {
+		p.failures[cluster][op] = err
+	}
+}
+
+// act performs ops in order. It returns the updated object (nil once the
+// finalizer is gone).
+func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []Op) (*v1.Cluster, error) {
+	log := p.log.With("cluster", c.Name)
+	for _, op := range ops {
+		log.Info("performing", "op", op)
+		var err error
+		switch op {
+		case OpAddFinalizer:
+			c, err = p.addFinalizerAndDefaults(ctx, c)
+		case OpLease:
+			_, lerr := p.leases.Acquire(ctx, c.Name)
+			if lerr != nil && !errors.Is(lerr, lease.ErrExhausted) {
+				return c, lerr
+			}
+			p.fail(c.Name, OpLease, lerr)
+		case OpProvision:
+			perr := p.provision(ctx, c, *obs.Lease)
+			p.fail(c.Name, OpProvision, perr)
+			if perr != nil {
+				log.Error("provision failed", "err", perr)
+			}
+		case OpStart:
+			p.start(c)
+		case OpStop:
+			p.sup.Stop(ProcessName(c.Name), 10*time.Second)
+			p.forgetProbe(c.Name)
+		case OpRemoveData:
+			err = p.removeData(ctx, c)
+		case OpReleaseLease:
+			err = p.leases.Release(ctx, c.Name)
+		case OpRemoveFinalizer:
+			err = p.removeFinalizer(ctx, c)
+			if err == nil {
+				p.fail(c.Name, OpLease, nil)
+				p.fail(c.Name, OpProvision, nil)
+				log.Info("cluster deleted")
+				return nil, nil
+			}
+		}
+		if err != nil {
+			return c, fmt.Errorf("%s for %s: %w", op, c.Name, err)
+		}
+	}
+	return c, nil
+}
+
+func (p *Provider) addFinalizerAndDefaults(ctx context.Context, c *v1.Cluster) (*v1.Cluster, error) {
+	c = c.DeepCopy()
+	c.Finalizers = append(c.Finalizers, v1.Finalizer)
+	d := p.cfg.Defaults
+	s := &c.Spec
+	if s.MaxNodes == 0 {
+		s.MaxNodes = d.MaxNodes
+	}
+	if s.Hold.Duration == 0 {
+		s.Hold.Duration = d.Hold
+	}
+	if s.NodeCPUs == 0 {
+		s.NodeCPUs = d.NodeCPUs
+	}
+	if s.NodeMemory.IsZero() {
+		s.NodeMemory = d.NodeMemory
+	}
+	if s.PodsPerNode == 0 {
+		s.PodsPerNode = d.PodsPerNode
+	}
+	if s.Datastore == "" {
+		s.Datastore = p.store.Kind()
+	}
+	u, err := c.ToUnstructured()
+	if err != nil {
+		return nil, err
+	}
+	out, err := p.dyn.Resource(v1.ClusterResource).Update(ctx, u, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return v1.FromUnstructured(out)
+}
+
+func (p *Provider) removeFinalizer(ctx context.Context, c *v1.Cluster) error {
+	c = c.DeepCopy()
+	c.Finalizers = slices.DeleteFunc(c.Finalizers, func(f string) bool { return f == v1.Finalizer })
+	u, err := c.ToUnstructured()
+	if err != nil {
+		return err
+	}
+	_, err = p.dyn.Resource(v1.ClusterResource).Update(ctx, u, metav1.UpdateOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// controlPlaneConfig derives a tenant's control-plane config from its lease.
+func (p *Provider) controlPlaneConfig(c *v1.Cluster, l lease.Lease, endpoint string) (controlplane.Config, error) {
+	net, err := nodenet.ForIndex(l.Network)
+	if err != nil {
+		return controlplane.Config{}, err
+	}
+	return controlplane.Config{
+		Name:             c.Name,
+		Dir:              ClusterDir(p.cfg.StateDir, c.Name),
+		Components:       []string{controlplane.APIServer, controlplane.ControllerManager, controlplane.Scheduler},
+		Datastore:        endpoint,
+		Port:             l.Port,
+		AdvertiseAddress: net.Gateway.String(),
+		ServiceCIDR:      net.ServiceCIDR.String(),
+		ClusterCIDR:      net.PodCIDR.String(),
+		NodeCIDRMaskSize: 24,
+		Tenant:           true,
+	}, nil
+}
+
+func (p *Provider) provision(ctx context.Context, c *v1.Cluster, l lease.Lease) error {
+	dir := ClusterDir(p.cfg.StateDir, c.Name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	endpoint, err := p.store.Ensure(ctx, c.Name, dir)
+	if err != nil {
+		return err
+	}
+	cfg, err := p.controlPlaneConfig(c, l, endpoint)
+	if err != nil {
+		return err
+	}
+	plan, _ := nodenet.ForIndex(l.Network)
+	if err := controlplane.Prepare(cfg, plan.APIService); err != nil {
+		return err
+	}
+	kc, err := pki.Kubeconfig(cfg.PKI(), pki.Admin, c.Name, cfg.URL())
+	if err != nil {
+		return err
+	}
+	return p.writeAdminSecret(ctx, c, kc)
+}
+
+// AdminSecretName is the management-API Secret holding a tenant's admin kubeconfig.
+func AdminSecretName(cluster string) string { return cluster + "-admin-kubeconfig" }
+
+func (p *Provider) writeAdminSecret(ctx context.Context, c *v1.Cluster, kubeconfig []byte) error {
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: AdminSecretName(c.Name), Namespace: v1.SystemNamespace,
+			Labels: map[string]string{"socialweb.computer/cluster": c.Name}},
+		Data: map[string][]byte{"kubeconfig": kubeconfig},
+	}
+	secrets := p.kube.CoreV1().Secrets(v1.SystemNamespace)
+	_, err := secrets.Create(ctx, s, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		_, err = secrets.Update(ctx, s, metav1.UpdateOptions{})
+	}
+	return err
+}
+
+func (p *Provider) start(c *v1.Cluster) {
+	dir := ClusterDir(p.cfg.StateDir, c.Name)
+	p.sup.Start(supervisor.Spec{
+		Name:       ProcessName(c.Name),
+		Path:       p.cfg.Executable,
+		Args:       []string{"controlplane", "--config", filepath.Join(dir, controlplane.ConfigFile)},
+		Env:        p.cfg.Env,
+		LogPath:    filepath.Join(dir, "controlplane.log"),
+		RecordPath: filepath.Join(dir, "instance.json"),
+	})
+}
+
+func (p *Provider) removeData(ctx context.Context, c *v1.Cluster) error {
+	dir := ClusterDir(p.cfg.StateDir, c.Name)
+	if err := p.store.Remove(ctx, c.Name, dir); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	err := p.kube.CoreV1().Secrets(v1.SystemNamespace).Delete(ctx, AdminSecretName(c.Name), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return nil
+}
+
+func (p *Provider) writeStatus(ctx context.Context, c *v1.Cluster, obs Observed, plan Plan) error {
+	if c.DeletionTimestamp != nil && len(plan.Ops) == 0 && !slices.Contains(c.Finalizers, v1.Finalizer) {
+		return nil
+	}
+	want := c.Status
+	want.Phase = plan.Phase
+	want.ObservedGeneration = c.Generation
+	want.Restarts = int32(obs.Process.Restarts)
+	if obs.Lease != nil {
+		net, err := nodenet.ForIndex(obs.Lease.Network)
+		if err == nil {
+			want.Port = int32(obs.Lease.Port)
+			want.URL = fmt.Sprintf("https://127.0.0.1:%d", obs.Lease.Port)
+			want.Gateway = net.Gateway.String()
+			want.NodeCIDR = net.NodeCIDR.String()
+			want.PodCIDR = net.PodCIDR.String()
+			want.ServiceCIDR = net.ServiceCIDR.String()
+		}
+	}
+	want.Conditions = slices.Clone(c.Status.Conditions)
+	for _, cond := range plan.Conditions {
+		meta.SetStatusCondition(&want.Conditions, cond)
+	}
+	if reflect.DeepEqual(want, c.Status) {
+		return nil
+	}
+	c = c.DeepCopy()
+	c.Status = want
+	u, err := c.ToUnstructured()
+	if err != nil {
+		return err
+	}
+	_, err = p.dyn.Resource(v1.ClusterResource).UpdateStatus(ctx, u, metav1.UpdateOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,102 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/socialweb-computer/socialweb/internal/livetest"
+)
+
+// TestBadInputChangesNothing: each bad input exits non-zero with a message
+// that says what was wrong, and leaves no Cluster, file or lease behind.
+func TestBadInputChangesNothing(t *testing.T) {
+	d := newDaemon(t, 2)
+	d.start()
+	d.mustCLI("cluster", "create", "dup")
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantErr  string
+	}{
+		{"name not a DNS label", []string{"cluster", "create", "Bad_Name"}, 2, "not a DNS-1123 label"},
+		{"name too long", []string{"cluster", "create", strings.Repeat("a", 41)}, 2, "at most 40"},
+		{"no name", []string{"cluster", "create"}, 2, "exactly one cluster NAME"},
+		{"max-nodes does not parse", []string{"cluster", "create", "ok1", "--max-nodes", "abc"}, 2, "invalid argument"},
+		{"hold does not parse", []string{"cluster", "create", "ok1", "--hold", "soon"}, 2, "invalid argument"},
+		{"negative max-nodes", []string{"cluster", "create", "ok1", "--max-nodes", "-1"}, 2, "want 0 or more"},
+		{"memory does not parse", []string{"cluster", "create", "ok1", "--node-memory", "lots"}, 2, "want a positive quantity"},
+		{"unknown flag", []string{"cluster", "create", "ok1", "--nodes", "3"}, 2, "unknown flag"},
+		{"duplicate create", []string{"cluster", "create", "dup"}, 1, "already exists"},
+		{"get unknown", []string{"cluster", "get", "nosuch"}, 1, "not found"},
+		{"delete unknown", []string{"cluster", "delete", "nosuch"}, 1, "not found"},
+		{"kubeconfig unknown", []string{"cluster", "kubeconfig", "nosuch"}, 1, "not found"},
+		{"bad output format", []string{"cluster", "get", "dup", "-o", "xml"}, 2, "want yaml or json"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, errOut, code := d.cli(tt.args...)
+			if code != tt.wantCode || !strings.Contains(errOut, tt.wantErr) {
+				t.Errorf("exit %d, stderr %q; want exit %d and %q", code, errOut, tt.wantCode, tt.wantErr)
+			}
+		})
+	}
+	out := d.mustCLI("cluster", "list")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 || !strings.HasPrefix(lines[1], "dup ") {
+		t.Errorf("after bad input, cluster list =\n%s\nwant only dup", out)
+	}
+	entries, _ := os.ReadDir(filepath.Join(d.stateDir, "clusters"))
+	if len(entries) != 1 || entries[0].Name() != "dup" {
+		t.Errorf("cluster dirs after bad input: %v, want only dup", entries)
+	}
+}
+
+// TestServeRefusesBadConfigBeforeCreatingAnything: serve exits non-zero
+// with a clear message and creates no state dir.
+func TestServeRefusesBadConfigBeforeCreatingAnything(t *testing.T) {
+	deadPort := livetest.FreePort(t)
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{"postgres that does not answer", []string{"--datastore", fmt.Sprintf("postgres://u:secret@127.0.0.1:%d/postgres?sslmode=disable", deadPort)}, "does not answer"},
+		{"unknown datastore", []string{"--datastore", "mysql://x@127.0.0.1/db"}, "not supported"},
+		{"port range backwards", []string{"--port-range", "9000-8000"}, "LOW <= HIGH"},
+		{"api port inside the range", []string{"--api-port", "9001", "--port-range", "9000-9010"}, "inside --port-range"},
+		{"hold does not parse", []string{"--default-hold", "forever"}, "invalid argument"},
+		{"memory does not parse", []string{"--default-node-memory", "lots"}, "want a quantity"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			state := filepath.Join(t.TempDir(), "state")
+			args := append([]string{"serve", "--state-dir", state, "--metrics-address", ""}, tt.args...)
+			_, errOut, code := run(args...)
+			if code == 0 || !strings.Contains(errOut, tt.wantErr) {
+				t.Errorf("exit %d, stderr %q; want non-zero and %q", code, errOut, tt.wantErr)
+			}
+			if strings.Contains(errOut, "secret") {
+				t.Errorf("the error leaks a password: %q", errOut)
+			}
+			if _, err := os.Stat(state); !os.IsNotExist(err) {
+				t.Errorf("a refused serve created %s", state)
+			}
+		})
+	}
+	t.Run("CLI without a daemon", func(t *testing.T) {
+		_, errOut, code := run("cluster", "list", "--state-dir", t.TempDir())
+		if code == 0 || !strings.Contains(errOut, "socialweb serve") {
+			t.Errorf("exit %d, stderr %q; want advice to start the daemon", code, errOut)
+		}
+	})
+	t.Run("bad environment twin", func(t *testing.T) {
+		t.Setenv("SOCIALWEB_DEFAULT_MAX_NODES", "many")
+		_, errOut, code := run("serve", "--state-dir", filepath.Join(t.TempDir(), "s"))
+		if code == 0 || !strings.Contains(errOut, "SOCIALWEB_DEFAULT_MAX_NODES") {
+			t.Errorf("exit %d, stderr %q; want the env var named", code, errOut)
+		}
+	})
+}

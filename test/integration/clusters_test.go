@@ -1,0 +1,179 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+)
+
+func (d *daemon) cluster(name string) v1.Cluster {
+	d.t.Helper()
+	var c v1.Cluster
+	if err := json.Unmarshal([]byte(d.mustCLI("cluster", "get", name, "-o", "json")), &c); err != nil {
+		d.t.Fatalf("decoding cluster %s: %v", name, err)
+	}
+	return c
+}
+
+// waitPhase polls until the cluster reaches phase.
+func (d *daemon) waitPhase(name string, phase v1.Phase, timeout time.Duration) v1.Cluster {
+	d.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		out, _, code := d.cli("cluster", "get", name, "-o", "json")
+		var c v1.Cluster
+		if code == 0 && json.Unmarshal([]byte(out), &c) == nil && c.Status.Phase == phase {
+			return c
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("cluster %s not %s after %v; last: %s", name, phase, timeout, out)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+func putConfigMap(t *testing.T, k kubernetes.Interface, name string) {
+	t.Helper()
+	_, err := k.CoreV1().ConfigMaps("default").Create(ctxT(t, 30*time.Second), &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"from": name},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating ConfigMap %s: %v", name, err)
+	}
+}
+
+func hasConfigMap(t *testing.T, k kubernetes.Interface, name string) bool {
+	t.Helper()
+	_, err := k.CoreV1().ConfigMaps("default").Get(ctxT(t, 30*time.Second), name, metav1.GetOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatalf("getting ConfigMap %s: %v", name, err)
+	}
+	return err == nil
+}
+
+// TestTwoClustersIsolatedAndSurviveRestarts: two real control planes with
+// their own objects and CAs; both come back with every object and the same
+// URL after the daemon is stopped with SIGTERM and killed with SIGKILL, and
+// after one control plane process crashes.
+func TestTwoClustersIsolatedAndSurviveRestarts(t *testing.T) {
+	d := newDaemon(t, 4)
+	d.start()
+	d.mustCLI("cluster", "create", "alpha", "--wait")
+	d.mustCLI("cluster", "create", "beta", "--wait", "--max-nodes", "3", "--hold", "30s")
+	urls := map[string]string{"alpha": d.cluster("alpha").Status.URL, "beta": d.cluster("beta").Status.URL}
+	if urls["alpha"] == urls["beta"] || urls["alpha"] == "" {
+		t.Fatalf("URLs not distinct: %v", urls)
+	}
+	if b := d.cluster("beta"); b.Spec.MaxNodes != 3 || b.Spec.Hold.Duration != 30*time.Second {
+		t.Errorf("beta spec = %+v, want maxNodes 3 and hold 30s", b.Spec)
+	}
+	if a := d.cluster("alpha"); a.Spec.MaxNodes != 5 || a.Spec.Datastore != "sqlite" {
+		t.Errorf("alpha spec = %+v, want the daemon defaults (maxNodes 5, sqlite)", a.Spec)
+	}
+
+	cfgA, kA := d.tenant("alpha")
+	cfgB, kB := d.tenant("beta")
+	putConfigMap(t, kA, "from-alpha")
+	putConfigMap(t, kB, "from-beta")
+	if hasConfigMap(t, kA, "from-beta") || hasConfigMap(t, kB, "from-alpha") {
+		t.Fatal("an object of one tenant is visible in the other")
+	}
+
+	// alpha's admin certificate, presented to beta's apiserver: 401.
+	cross := rest.CopyConfig(cfgB)
+	cross.TLSClientConfig.CertData, cross.TLSClientConfig.KeyData = cfgA.TLSClientConfig.CertData, cfgA.TLSClientConfig.KeyData
+	_, err := kubernetes.NewForConfigOrDie(cross).CoreV1().Namespaces().List(ctxT(t, 30*time.Second), metav1.ListOptions{})
+	if !apierrors.IsUnauthorized(err) {
+		t.Fatalf("alpha's admin credential against beta: err = %v, want 401 Unauthorized", err)
+	}
+	// And beta's own credential still works there.
+	if _, err := kB.CoreV1().Namespaces().List(ctxT(t, 30*time.Second), metav1.ListOptions{}); err != nil {
+		t.Fatalf("beta's own credential: %v", err)
+	}
+
+	// A crashed control plane is restarted, and the phase says so meanwhile.
+	inst, err := os.ReadFile(filepath.Join(d.stateDir, "clusters", "alpha", "instance.json"))
+	if err != nil {
+		t.Fatalf("no instance record for alpha: %v", err)
+	}
+	var rec struct{ PID int }
+	_ = json.Unmarshal(inst, &rec)
+	if err := syscall.Kill(rec.PID, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing alpha's control plane (pid %d): %v", rec.PID, err)
+	}
+	d.waitPhase("alpha", v1.PhaseUnavailable, 30*time.Second)
+	c := d.waitPhase("alpha", v1.PhaseReady, 2*time.Minute)
+	if c.Status.Restarts < 1 {
+		t.Errorf("restarts = %d after a crash", c.Status.Restarts)
+	}
+	if !hasConfigMap(t, kA, "from-alpha") {
+		t.Error("alpha lost an object in a crash")
+	}
+
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		t.Run(sig.String(), func(t *testing.T) {
+			d.stop(sig)
+			assertNoProcessesLeft(t, d.stateDir)
+			d.start()
+			for name, url := range urls {
+				c := d.waitPhase(name, v1.PhaseReady, 2*time.Minute)
+				if c.Status.URL != url {
+					t.Errorf("%s URL changed across a restart: %s -> %s", name, url, c.Status.URL)
+				}
+			}
+			_, kA := d.tenant("alpha")
+			_, kB := d.tenant("beta")
+			if !hasConfigMap(t, kA, "from-alpha") || !hasConfigMap(t, kB, "from-beta") {
+				t.Errorf("an object was lost across a %s restart", sig)
+			}
+		})
+	}
+}
+
+// TestDeleteReleasesPortAndFiles uses a one-port range: a second cluster is
+// refused while the first holds the port, and fits once it is deleted.
+func TestDeleteReleasesPortAndFiles(t *testing.T) {
+	d := newDaemon(t, 1)
+	d.start()
+	d.mustCLI("cluster", "create", "solo", "--wait")
+	url := d.cluster("solo").Status.URL
+	dir := filepath.Join(d.stateDir, "clusters", "solo")
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("cluster dir: %v", err)
+	}
+
+	_, errOut, code := d.cli("cluster", "create", "second")
+	if code == 0 || !strings.Contains(errOut, "no free apiserver port") || !strings.Contains(errOut, "--port-range") {
+		t.Fatalf("create in an exhausted range: exit %d, stderr %q; want a non-zero exit naming --port-range", code, errOut)
+	}
+	if _, _, code := d.cli("cluster", "get", "second"); code == 0 {
+		t.Fatal("a refused create left a Cluster object behind")
+	}
+	if _, err := os.Stat(filepath.Join(d.stateDir, "clusters", "second")); !os.IsNotExist(err) {
+		t.Fatalf("a refused create left files: %v", err)
+	}
+
+	d.mustCLI("cluster", "delete", "solo", "--wait")
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("cluster dir left after delete: %v", err)
+	}
+	if _, errOut, code := d.cli("cluster", "kubeconfig", "solo"); code == 0 || !strings.Contains(errOut, "not found") {
+		t.Errorf("kubeconfig of a deleted cluster: exit %d %q", code, errOut)
+	}
+	d.mustCLI("cluster", "create", "second", "--wait")
+	if got := d.cluster("second").Status.URL; got != url {
+		t.Errorf("the released port was not reused: %s, want %s", got, url)
+	}
+}

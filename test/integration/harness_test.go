@@ -1,0 +1,255 @@
+// Package integration runs the real socialweb binary: a daemon with real
+// kube-apiservers, controller-managers and schedulers over kine.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/socialweb-computer/socialweb/internal/livetest"
+)
+
+// binary is the socialweb binary under test, built once by TestMain.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "socialweb-bin-")
+	if err != nil {
+		panic(err)
+	}
+	binary = os.Getenv("SOCIALWEB_BIN")
+	if binary == "" {
+		binary = filepath.Join(dir, "socialweb")
+		build := exec.Command("../../hack/build", binary)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "building socialweb: %v\n", err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type daemon struct {
+	t         *testing.T
+	stateDir  string
+	apiPort   int
+	portRange string
+	extra     []string
+	cmd       *exec.Cmd
+	exited    chan struct{}
+	logPath   string
+}
+
+// portBlock finds n consecutive loopback ports that are free now.
+func portBlock(t *testing.T, n int) (int, int) {
+	t.Helper()
+	for range 100 {
+		lo := 20000 + rand.IntN(30000)
+		ok := true
+		for p := lo; p < lo+n && ok; p++ {
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+			if err != nil {
+				ok = false
+				continue
+			}
+			l.Close()
+		}
+		if ok {
+			return lo, lo + n - 1
+		}
+	}
+	t.Fatal("no free port block")
+	return 0, 0
+}
+
+func newDaemon(t *testing.T, ports int, extra ...string) *daemon {
+	lo, hi := portBlock(t, ports)
+	d := &daemon{
+		t:         t,
+		stateDir:  t.TempDir(),
+		apiPort:   livetest.FreePort(t),
+		portRange: fmt.Sprintf("%d-%d", lo, hi),
+		extra:     extra,
+	}
+	d.logPath = filepath.Join(t.TempDir(), "daemon.log")
+	t.Cleanup(func() {
+		d.stop(syscall.SIGTERM)
+		if t.Failed() {
+			b, _ := os.ReadFile(d.logPath)
+			t.Logf("daemon log (tail):\n%s", tail(string(b), 40))
+		}
+		assertNoProcessesLeft(t, d.stateDir)
+	})
+	return d
+}
+
+func (d *daemon) args() []string {
+	return append([]string{"serve", "--state-dir", d.stateDir, "--api-port", strconv.Itoa(d.apiPort),
+		"--port-range", d.portRange, "--metrics-address", ""}, d.extra...)
+}
+
+// start runs the daemon and waits until its management API answers.
+func (d *daemon) start() {
+	d.t.Helper()
+	logf, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	d.cmd = exec.Command(binary, d.args()...)
+	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	if err := d.cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	d.exited = make(chan struct{})
+	go func() { _ = d.cmd.Wait(); logf.Close(); close(d.exited) }()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		if _, _, code := d.cli("cluster", "list"); code == 0 {
+			return
+		}
+		select {
+		case <-d.exited:
+			b, _ := os.ReadFile(d.logPath)
+			d.t.Fatalf("daemon exited during start: %s\n%s", d.cmd.ProcessState, tail(string(b), 30))
+		case <-time.After(250 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatal("management API did not come up in 3m")
+		}
+	}
+}
+
+// stop signals the daemon and waits for it to exit.
+func (d *daemon) stop(sig syscall.Signal) {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	select {
+	case <-d.exited:
+		return
+	default:
+	}
+	_ = d.cmd.Process.Signal(sig)
+	select {
+	case <-d.exited:
+	case <-time.After(90 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+		d.t.Errorf("daemon did not exit within 90s of %v", sig)
+	}
+}
+
+// cli runs a socialweb CLI command against this daemon.
+func (d *daemon) cli(args ...string) (stdout, stderr string, code int) {
+	return run(append(args, "--state-dir", d.stateDir)...)
+}
+
+func run(args ...string) (stdout, stderr string, code int) {
+	var out, errb bytes.Buffer
+	cmd := exec.Command(binary, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code = 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		code = -1
+	}
+	return out.String(), errb.String(), code
+}
+
+// mustCLI runs a command that must succeed.
+func (d *daemon) mustCLI(args ...string) string {
+	d.t.Helper()
+	out, errOut, code := d.cli(args...)
+	if code != 0 {
+		d.t.Fatalf("socialweb %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, out, errOut)
+	}
+	return out
+}
+
+// tenant returns a client of a tenant cluster with its admin kubeconfig.
+func (d *daemon) tenant(name string) (*rest.Config, kubernetes.Interface) {
+	d.t.Helper()
+	kc := d.mustCLI("cluster", "kubeconfig", name)
+	cfg, err := clientcmd.RESTConfigFromKubeConfig([]byte(kc))
+	if err != nil {
+		d.t.Fatalf("parsing kubeconfig of %s: %v", name, err)
+	}
+	return cfg, kubernetes.NewForConfigOrDie(cfg)
+}
+
+// assertNoProcessesLeft fails if any process still names the state dir.
+func assertNoProcessesLeft(t *testing.T, stateDir string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		left := processesMentioning(stateDir)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("processes left behind: %v", left)
+			for _, pid := range left {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func processesMentioning(s string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !bytes.Contains(cmdline, []byte(s)) {
+			continue
+		}
+		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if i := bytes.LastIndexByte(stat, ')'); i > 0 && len(stat) > i+2 && stat[i+2] == 'Z' {
+			continue
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
