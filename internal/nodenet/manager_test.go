@@ -1,0 +1,370 @@
+package nodenet
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// recorder is a Runner that records command lines and answers from a script:
+// the first rule whose prefix matches a command line decides its result.
+type recorder struct {
+	mu    sync.Mutex
+	calls []string
+	stdin map[string]string // command line -> last stdin
+	rules []rule
+}
+
+type rule struct {
+	prefix string
+	out    string
+	err    error
+}
+
+func newRecorder(rules ...rule) *recorder {
+	// Unless a test says otherwise the host has no iptables (like ours).
+	rules = append(rules, rule{prefix: "iptables", err: &exec.Error{Name: "iptables", Err: exec.ErrNotFound}})
+	return &recorder{stdin: map[string]string{}, rules: rules}
+}
+
+func (r *recorder) Run(_ context.Context, stdin, name string, args ...string) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	line := cmdLine(name, args)
+	r.calls = append(r.calls, line)
+	if stdin != "" {
+		r.stdin[line] = stdin
+	}
+	for _, ru := range r.rules {
+		if strings.HasPrefix(line, ru.prefix) {
+			return ru.out, ru.err
+		}
+	}
+	return "", nil
+}
+
+func failed(stderr string) error {
+	return &CmdError{Cmd: "x", Err: errors.New("exit status 2"), Stderr: stderr}
+}
+
+func plan(t *testing.T, i int) Plan {
+	t.Helper()
+	p, err := ForIndex(i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func sameCalls(t *testing.T, got, want []string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("commands:\n got  %q\n want %q", got, want)
+	}
+}
+
+func TestEnsureCommands(t *testing.T) {
+	base := []string{
+		"ip link add swb3 type bridge",
+		"ip addr replace 10.250.3.1/24 dev swb3",
+		"ip link set dev swb3 up",
+		"sysctl -q -w net.ipv4.ip_forward=1",
+		"nft -f -",
+		"iptables -w -S DOCKER-USER",
+	}
+	docker := func(rest ...string) []string { return append(slices.Clone(base), rest...) }
+	for _, tc := range []struct {
+		name    string
+		rules   []rule
+		want    []string
+		wantErr string
+	}{
+		{name: "fresh host", want: base},
+		{name: "bridge already there", rules: []rule{{prefix: "ip link add", err: failed("RTNETLINK answers: File exists")}}, want: base},
+		{name: "not root", rules: []rule{{prefix: "ip link add", err: failed("RTNETLINK answers: Operation not permitted")}},
+			want: base[:1], wantErr: "creating bridge swb3 for cluster c1: x: RTNETLINK answers: Operation not permitted: run as root (needs CAP_NET_ADMIN)"},
+		{name: "no nft", rules: []rule{{prefix: "nft", err: &exec.Error{Name: "nft", Err: exec.ErrNotFound}}},
+			want: base[:5], wantErr: "apt-get install nftables"},
+		{name: "kernel lacks nat", rules: []rule{{prefix: "nft", err: failed("Error: Could not process rule: No such file or directory")}},
+			want: base[:5], wantErr: "modprobe"},
+		{name: "docker host", rules: []rule{{prefix: "iptables -w -S", out: "-N DOCKER-USER\n"}, {prefix: "iptables -w -C", err: failed("Bad rule")}, {prefix: "iptables -w -I"}},
+			want: docker(
+				"iptables -w -C DOCKER-USER -i swb3 -m comment --comment socialweb-3 -j ACCEPT",
+				"iptables -w -I DOCKER-USER 1 -i swb3 -m comment --comment socialweb-3 -j ACCEPT",
+				"iptables -w -C DOCKER-USER -o swb3 -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment socialweb-3 -j ACCEPT",
+				"iptables -w -I DOCKER-USER 1 -o swb3 -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment socialweb-3 -j ACCEPT")},
+		{name: "docker host, rules present", rules: []rule{{prefix: "iptables -w -S", out: "-N DOCKER-USER\n"}, {prefix: "iptables -w -C"}},
+			want: docker(
+				"iptables -w -C DOCKER-USER -i swb3 -m comment --comment socialweb-3 -j ACCEPT",
+				"iptables -w -C DOCKER-USER -o swb3 -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment socialweb-3 -j ACCEPT")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRecorder(tc.rules...)
+			err := NewManager(r, nil).Ensure(context.Background(), "c1", plan(t, 3))
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("Ensure: %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("Ensure error = %v, want one containing %q", err, tc.wantErr)
+			}
+			sameCalls(t, r.calls, tc.want)
+			if slices.Contains(r.calls, "nft -f -") && r.stdin["nft -f -"] != Ruleset("c1", plan(t, 3)) {
+				t.Errorf("nft got script:\n%s", r.stdin["nft -f -"])
+			}
+		})
+	}
+	if err := NewManager(newRecorder(), nil).Ensure(context.Background(), "c1", Plan{Index: 3}); err == nil {
+		t.Error("Ensure accepted a plan not made by ForIndex")
+	}
+}
+
+func TestRuleset(t *testing.T) {
+	want := `table inet socialweb-3
+delete table inet socialweb-3
+table inet socialweb-3 {
+	comment "socialweb cluster team_a_prod network 3 (managed: edits are overwritten)"
+	chain forward {
+		type filter hook forward priority filter - 10; policy accept;
+		iifname "swb3" meta nfproto ipv6 drop
+		oifname "swb3" meta nfproto ipv6 drop
+		iifname "swb3" oifname "swb3" accept
+		iifname "swb3" oifname "swb*" drop
+		oifname "swb3" iifname "swb*" drop
+		iifname "swb3" tcp flags & (syn | rst) == syn tcp option maxseg size set rt mtu
+		iifname "swb3" accept
+		oifname "swb3" ct state established,related accept
+		oifname "swb3" drop
+	}
+	chain input {
+		type filter hook input priority filter - 10; policy accept;
+		iifname "swb3" meta nfproto ipv6 drop
+		iifname "swb3" ip daddr != 10.250.3.0/24 drop
+	}
+	chain postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		oifname != "swb3" ip saddr { 10.250.3.0/24, 10.3.0.0/16 } ip daddr != { 10.250.3.0/24, 10.3.0.0/16, 10.251.0.0/16 } masquerade
+	}
+}
+`
+	// The cluster name lands in a quoted comment: quotes and the like must not.
+	if got := Ruleset(`team a"prod`, plan(t, 3)); got != want {
+		t.Errorf("ruleset:\n%s\nwant:\n%s", got, want)
+	}
+	// Every index's rules name only its own bridge and ranges.
+	for i := 1; i <= MaxIndex; i++ {
+		p := plan(t, i)
+		rs := Ruleset("c", p)
+		for _, must := range []string{`"` + BridgeName(i) + `"`, p.NodeCIDR.String(), p.PodCIDR.String(), "socialweb-" + itoa(i) + " {"} {
+			if !strings.Contains(rs, must) {
+				t.Fatalf("index %d ruleset lacks %s", i, must)
+			}
+		}
+		if strings.Count(rs, `"swb`) != strings.Count(rs, `"`+BridgeName(i)+`"`)+2 { // +2: the "swb*" wildcards
+			t.Fatalf("index %d ruleset names another bridge:\n%s", i, rs)
+		}
+	}
+}
+
+func itoa(i int) string { return BridgeName(i)[len(bridgePrefix):] }
+
+func TestAddTapCommands(t *testing.T) {
+	name := TapName(3, "c1", "node-a")
+	for _, tc := range []struct {
+		name    string
+		rules   []rule
+		want    []string
+		wantErr string
+	}{
+		{name: "fresh", want: []string{
+			"ip tuntap add dev " + name + " mode tap",
+			"ip link set dev " + name + " master swb3 up"}},
+		{name: "tap already there", rules: []rule{{prefix: "ip tuntap", err: failed("ioctl(TUNSETIFF): Device or resource busy")}},
+			want: []string{
+				"ip tuntap add dev " + name + " mode tap",
+				"ip -o link show dev " + name,
+				"ip link set dev " + name + " master swb3 up"}},
+		{name: "no tun", rules: []rule{
+			{prefix: "ip tuntap", err: failed("open: No such file or directory\nFailed to open /dev/net/tun")},
+			{prefix: "ip -o link show", err: failed(`Device "` + name + `" does not exist.`)}},
+			want: []string{
+				"ip tuntap add dev " + name + " mode tap",
+				"ip -o link show dev " + name}, wantErr: "modprobe tun"},
+		{name: "no bridge", rules: []rule{{prefix: "ip link set", err: failed("Cannot find device \"swb3\"")}},
+			want: []string{
+				"ip tuntap add dev " + name + " mode tap",
+				"ip link set dev " + name + " master swb3 up"}, wantErr: "run Ensure for cluster c1 first"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRecorder(tc.rules...)
+			tap, err := NewManager(r, nil).AddTap(context.Background(), "c1", plan(t, 3), "node-a")
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("AddTap: %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("AddTap error = %v, want one containing %q", err, tc.wantErr)
+			}
+			sameCalls(t, r.calls, tc.want)
+			if err == nil && (tap.Name != name || tap.Bridge != "swb3" || tap.MAC.String() != NodeMAC("c1", "node-a").String()) {
+				t.Errorf("tap = %+v", tap)
+			}
+		})
+	}
+}
+
+func TestRemoveTap(t *testing.T) {
+	name := TapName(3, "c1", "node-a")
+	r := newRecorder(rule{prefix: "ip link del", err: failed(`Cannot find device "` + name + `"`)})
+	m := NewManager(r, nil)
+	if err := m.RemoveTap(context.Background(), name); err != nil {
+		t.Errorf("removing a missing tap: %v", err)
+	}
+	for _, foreign := range []string{"eth0", "swb3", "docker0", "swt3-xyz"} {
+		if err := m.RemoveTap(context.Background(), foreign); err == nil {
+			t.Errorf("RemoveTap(%q) accepted a name that is not a socialweb tap", foreign)
+		}
+	}
+	sameCalls(t, r.calls, []string{"ip link del dev " + name})
+	r = newRecorder(rule{prefix: "ip link del", err: failed("RTNETLINK answers: Operation not permitted")})
+	if err := NewManager(r, nil).RemoveTap(context.Background(), name); err == nil || !strings.Contains(err.Error(), "run as root") {
+		t.Errorf("RemoveTap as non-root: %v", err)
+	}
+}
+
+const sampleLinks = `1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000\    link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00
+4: eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1400 qdisc pfifo_fast state UP mode DEFAULT group default qlen 1000\    link/ether 02:fc:00:00:00:01 brd ff:ff:ff:ff:ff:ff
+7: swb3: <NO-CARRIER,BROADCAST,MULTICAST,UP> mtu 1500 qdisc noqueue state DOWN mode DEFAULT group default qlen 1000\    link/ether 6a:1b:2c:3d:4e:5f brd ff:ff:ff:ff:ff:ff
+8: swt3-0a1b2c3d: <BROADCAST,MULTICAST,UP> mtu 1500 qdisc fq_codel master swb3 state DOWN mode DEFAULT group default qlen 1000\    link/ether 1a:2b:3c:4d:5e:6f brd ff:ff:ff:ff:ff:ff
+9: swt3-deadbeef: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN mode DEFAULT group default qlen 1000\    link/ether 1a:2b:3c:4d:5e:60 brd ff:ff:ff:ff:ff:ff
+10: swb31: <BROADCAST,MULTICAST,UP> mtu 1500 qdisc noqueue state DOWN mode DEFAULT group default qlen 1000\    link/ether 6a:1b:2c:3d:4e:50 brd ff:ff:ff:ff:ff:ff
+11: swt31-0a1b2c3d: <BROADCAST,MULTICAST,UP> mtu 1500 qdisc fq_codel master swb31 state DOWN mode DEFAULT group default qlen 1000\    link/ether 1a:2b:3c:4d:5e:61 brd ff:ff:ff:ff:ff:ff
+12: veth9@if2: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue master swb3 state UP mode DEFAULT group default qlen 1000\    link/ether 1a:2b:3c:4d:5e:62 brd ff:ff:ff:ff:ff:ff link-netnsid 0
+`
+
+func TestRemoveCommands(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		rules []rule
+		want  []string
+	}{
+		{name: "present", rules: []rule{{prefix: "ip -o link show", out: sampleLinks}}, want: []string{
+			"ip -o link show",
+			"ip link del dev swt3-0a1b2c3d",
+			"ip link del dev swt3-deadbeef", // not attached: found by name
+			"ip link del dev swb3",          // routes through it go with it
+			"nft -f -",
+			"iptables -w -S DOCKER-USER",
+		}},
+		{name: "already gone", rules: []rule{{prefix: "ip link del", err: failed(`Cannot find device "swb3"`)}}, want: []string{
+			"ip -o link show",
+			"ip link del dev swb3",
+			"nft -f -",
+			"iptables -w -S DOCKER-USER",
+		}},
+		{name: "docker host", rules: []rule{
+			{prefix: "iptables -w -S", out: "-N DOCKER-USER\n"},
+			{prefix: "iptables -w -D DOCKER-USER -o", err: failed("Bad rule")},                        // never added
+			{prefix: "iptables -w -D DOCKER-USER -i swb3 -m comment --comment socialweb-3 -j ACCEPT"}, // added twice by hand
+		}, want: []string{
+			"ip -o link show",
+			"ip link del dev swb3",
+			"nft -f -",
+			"iptables -w -S DOCKER-USER",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRecorder(tc.rules...)
+			if err := NewManager(r, nil).Remove(context.Background(), "c1", plan(t, 3)); err != nil {
+				t.Fatalf("Remove: %v", err)
+			}
+			if tc.name == "docker host" {
+				// deletes the -i rule until iptables says it is gone: here it never does, so the cap (8) ends it
+				n := 0
+				for _, c := range r.calls {
+					if strings.HasPrefix(c, "iptables -w -D DOCKER-USER -i swb3") {
+						n++
+					}
+				}
+				if n != 8 || !slices.Contains(r.calls, "iptables -w -D DOCKER-USER -o swb3 -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment socialweb-3 -j ACCEPT") {
+					t.Errorf("DOCKER-USER deletes: %q", r.calls)
+				}
+				r.calls = slices.DeleteFunc(r.calls, func(c string) bool { return strings.HasPrefix(c, "iptables -w -D") })
+			}
+			sameCalls(t, r.calls, tc.want)
+			if got, want := r.stdin["nft -f -"], "table inet socialweb-3\ndelete table inet socialweb-3\n"; got != want {
+				t.Errorf("nft script %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+func TestList(t *testing.T) {
+	r := newRecorder(
+		rule{prefix: "ip -o link show", out: sampleLinks},
+		rule{prefix: "ip route show", out: "default via 192.0.2.1 dev eth0\n" +
+			"10.250.3.0/24 dev swb3 proto kernel scope link src 10.250.3.1 linkdown\n" +
+			"10.3.2.0/24 via 10.250.3.12 dev swb3\n" +
+			"10.9.0.0/24 via 10.250.3.13 dev swb3x\n"},
+		rule{prefix: "nft list tables", out: "table ip filter\ntable inet socialweb-3\ntable inet socialweb-31\ntable ip socialweb-4\ntable inet socialweb-test\n"},
+	)
+	o, err := NewManager(r, nil).List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, got, want []string) {
+		if !slices.Equal(got, want) {
+			t.Errorf("%s = %q, want %q", what, got, want)
+		}
+	}
+	check("bridges", o.Bridges, []string{"swb3", "swb31"})
+	check("taps", o.Taps, []string{"swt3-0a1b2c3d", "swt3-deadbeef", "swt31-0a1b2c3d"})
+	check("routes", o.Routes, []string{"10.3.2.0/24 via 10.250.3.12 dev swb3"})
+	check("tables", o.Tables, []string{"inet socialweb-3", "inet socialweb-31"})
+	if got := o.Indexes(); !slices.Equal(got, []int{3, 31}) {
+		t.Errorf("indexes = %v", got)
+	}
+	if o.Empty() || !(Owned{}).Empty() {
+		t.Error("Empty is wrong")
+	}
+}
+
+func TestPodRoutes(t *testing.T) {
+	r := newRecorder(rule{prefix: "ip route del", err: failed("RTNETLINK answers: No such process")})
+	m := NewManager(r, nil)
+	ctx := context.Background()
+	p := plan(t, 3)
+	node := net.ParseIP("10.250.3.12")
+	if err := m.AddPodRoute(ctx, p, "10.3.2.0/24", node); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RemovePodRoute(ctx, p, "10.3.2.0/24", node); err != nil {
+		t.Errorf("removing a missing route: %v", err)
+	}
+	sameCalls(t, r.calls, []string{
+		"ip route replace 10.3.2.0/24 via 10.250.3.12 dev swb3",
+		"ip route del 10.3.2.0/24 via 10.250.3.12 dev swb3",
+	})
+	for _, bad := range []struct {
+		cidr string
+		node string
+	}{
+		{"10.4.2.0/24", "10.250.3.12"}, // another cluster's pods
+		{"10.3.2.5/24", "10.250.3.12"}, // not a network address
+		{"10.0.0.0/8", "10.250.3.12"},  // wider than the pod range
+		{"10.3.2.0/24", "10.250.4.12"}, // another cluster's node
+		{"10.3.2.0/24", "10.250.3.1"},  // the gateway
+		{"fd00::/64", "10.250.3.12"},
+	} {
+		if err := m.AddPodRoute(ctx, p, bad.cidr, net.ParseIP(bad.node)); err == nil {
+			t.Errorf("AddPodRoute(%s via %s) accepted", bad.cidr, bad.node)
+		}
+	}
+	r = newRecorder(rule{prefix: "ip route replace", err: failed(`Cannot find device "swb3"`)})
+	if err := NewManager(r, nil).AddPodRoute(ctx, p, "10.3.2.0/24", node); err == nil || !strings.Contains(err.Error(), "run Ensure") {
+		t.Errorf("AddPodRoute without bridge: %v", err)
+	}
+}
