@@ -49,6 +49,12 @@ func bootstrapTenant(ctx context.Context, c Config) error {
 			return fmt.Errorf("creating ClusterRoleBinding %s: %w", b.name, err)
 		}
 	}
+	// The serviceaccount controller makes this too, a moment after it starts;
+	// making it here means a Pod can be created as soon as the cluster is Ready.
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: metav1.NamespaceDefault}}
+	if _, err := kube.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating the default ServiceAccount: %w", err)
+	}
 	ca, err := os.ReadFile(c.PKI().ServerCA)
 	if err != nil {
 		return err

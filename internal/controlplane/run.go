@@ -37,7 +37,11 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 	defer cancel()
 
 	start := time.Now()
-	if _, err := endpoint.Listen(ctx, kineConfig(c)); err != nil {
+	// kine outlives the components, so they can finish their last writes
+	// and close their watches while shutting down.
+	kineCtx, stopKine := context.WithCancel(context.WithoutCancel(parent))
+	defer stopKine()
+	if _, err := endpoint.Listen(kineCtx, kineConfig(c)); err != nil {
 		return fmt.Errorf("starting kine for %s: %w", c.Name, err)
 	}
 	log.Info("datastore up", "elapsed", time.Since(start).Round(time.Millisecond))

@@ -33,7 +33,10 @@ type NodeProvider interface {
 	Delete(ctx context.Context, name string) error
 
 	// List returns every machine the provider knows of, for all clusters, including
-	// ones still booting. An error means the listing is unknown, never "no machines".
+	// ones still booting: once Create has returned, List reports the machine until
+	// Delete removes it (the driver counts such machines as nodes on their way, so a
+	// gap would make it boot another). An error means the listing is unknown, never
+	// "no machines".
 	List(ctx context.Context) ([]Instance, error)
 }
 

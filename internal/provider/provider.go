@@ -145,6 +145,10 @@ func (p *Provider) processNext(ctx context.Context) bool {
 	defer p.queue.Done(name)
 	requeue, err := p.reconcile(ctx, name)
 	switch {
+	case apierrors.IsConflict(err):
+		// Someone (often our own last write) changed the object: read it again.
+		p.log.Debug("conflict; requeueing", "cluster", name)
+		p.queue.AddRateLimited(name)
 	case err != nil:
 		p.log.Error("reconcile failed", "cluster", name, "err", err)
 		p.queue.AddRateLimited(name)

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -120,7 +121,7 @@ func (p *Provider) Instances() []nodes.Instance {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := slices.Collect(maps.Values(p.instances))
-	slices.SortFunc(out, func(a, b nodes.Instance) int { return cmpString(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b nodes.Instance) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 
@@ -223,7 +224,7 @@ func (p *Provider) List(ctx context.Context) ([]nodes.Instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(out, func(a, b nodes.Instance) int { return cmpString(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b nodes.Instance) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }
 
@@ -301,14 +302,4 @@ func (p *Provider) String() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return "fake provider: " + strconv.Itoa(len(p.instances)) + " instances, " + strconv.Itoa(len(p.calls)) + " calls"
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

@@ -1,0 +1,48 @@
+package provider
+
+import (
+	"context"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/util/retry"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/scale"
+)
+
+// ScaleStatus writes scale decisions into Cluster status; it is the
+// scaledriver.StatusRecorder of the management API.
+type ScaleStatus struct {
+	Client dynamic.Interface
+	Clock  func() time.Time
+}
+
+// RecordDecision sets status.lastScaleDecision and status.nodes.
+func (s ScaleStatus) RecordDecision(ctx context.Context, cluster string, d scale.Decision, nodes int) error {
+	now := time.Now
+	if s.Clock != nil {
+		now = s.Clock
+	}
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		u, err := s.Client.Resource(v1.ClusterResource).Get(ctx, cluster, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		c, err := v1.FromUnstructured(u)
+		if err != nil {
+			return err
+		}
+		c.Status.Nodes = int32(nodes)
+		c.Status.LastScaleDecision = &v1.ScaleDecision{
+			Action: string(d.Action), Target: int32(d.Target), Reason: d.Reason, Time: metav1.NewTime(now()),
+		}
+		out, err := c.ToUnstructured()
+		if err != nil {
+			return err
+		}
+		_, err = s.Client.Resource(v1.ClusterResource).UpdateStatus(ctx, out, metav1.UpdateOptions{})
+		return err
+	})
+}

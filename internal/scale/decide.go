@@ -1,0 +1,231 @@
+package scale
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// maxReasonNotes bounds how many not-provisionable Pods a reason names.
+const maxReasonNotes = 3
+
+// Decide reads one observation and says what to do with the cluster's nodes.
+//
+// Order matters: provisioning comes first, because a Pod that waits is the cost users
+// see; removal only considers nodes the simulation left empty, so a node that a pending
+// Pod could use is never torn down under it. A node is removed only when no workload Pod
+// has been on it for the whole hold and nothing forbids it (do-not-disrupt).
+func Decide(o Observed) (Decision, error) {
+	if err := o.validate(); err != nil {
+		return Decision{}, err
+	}
+	s := newSim(&o)
+
+	// What wants a node: live workload Pods (bound or not) and synthetic Pods for
+	// workloads whose Pods are not there yet. Only unbound Pending ones need placing.
+	intent := s.orphans
+	var demands []*demand
+	for _, p := range o.Pods {
+		if !isWorkload(p) {
+			continue
+		}
+		if p.Spec.NodeName != "" {
+			if s.byName[p.Spec.NodeName] != nil {
+				intent++
+			}
+			continue
+		}
+		if p.DeletionTimestamp != nil || len(p.Spec.SchedulingGates) > 0 {
+			// An unbound Pod being deleted will never run; a gated one may not be
+			// scheduled yet, so booting a node for it would only idle.
+			continue
+		}
+		intent++
+		demands = append(demands, newDemand("pod "+p.Namespace+"/"+p.Name, p.Namespace, p.Labels, &p.Spec, p.CreationTimestamp, false))
+	}
+	synthetic := workloadDemands(&o)
+	intent += len(synthetic)
+	demands = append(demands, synthetic...)
+
+	// Simulate beyond the cap so the reason can say how far the cap binds, but boundedly.
+	res := s.place(demands, o.MaxNodes+100)
+	intent -= len(res.notProvisionable)
+
+	d := Decision{
+		Current:          s.known,
+		Target:           s.known,
+		Intent:           intent,
+		Unplaced:         res.unplaced,
+		Need:             s.known + s.newCount,
+		NotProvisionable: res.notProvisionable,
+		PendingSince:     res.pendingSince.Time,
+		IdleSince:        map[string]time.Time{},
+	}
+
+	// Idle clocks: a registered node with no workload Pod and nothing the simulation
+	// put there. A node keeps its clock across passes; any workload resets it.
+	var idle, removable []*simNode
+	for _, n := range s.nodes[:s.known] {
+		if !n.existing || n.busy || n.placed > 0 {
+			continue
+		}
+		since, ok := o.IdleSince[n.name]
+		if !ok || since.After(o.Now) {
+			since = o.Now
+		}
+		d.IdleSince[n.name] = since
+		idle = append(idle, n)
+		if n.blocked == "" && o.Now.Sub(since) >= o.Hold {
+			removable = append(removable, n)
+		}
+	}
+	registered := 0
+	for _, n := range s.nodes[:s.known] {
+		if n.existing {
+			registered++
+		}
+	}
+
+	var notes []string
+	if s.newCount > 0 || res.overflow > 0 {
+		need := fmt.Sprintf("need %d nodes", d.Need)
+		if res.overflow > 0 {
+			need = fmt.Sprintf("need more than %d nodes", d.Need)
+		}
+		target := d.Need
+		if res.overflow > 0 || target > o.MaxNodes {
+			d.Capped = true
+			target = max(o.MaxNodes, d.Current)
+		}
+		if target > d.Current {
+			d.Action, d.Target = Provision, target
+			switch {
+			case d.Current == 0:
+				d.Reason = "intent and no node"
+			default:
+				d.Reason = fmt.Sprintf("%s unschedulable on %s", plural(res.unplaced, "pod"), plural(d.Current, "node"))
+			}
+			if d.Capped {
+				d.Reason = joinReason(d.Reason, fmt.Sprintf("%s, capped at max %d", need, o.MaxNodes), d.Current == 0)
+			} else if d.Current > 0 {
+				d.Reason += fmt.Sprintf(": need %d", d.Need)
+			}
+			d.Reason = withNotes(d.Reason, notProvisionable(res.notProvisionable))
+			return d, nil
+		}
+		notes = append(notes, fmt.Sprintf("%s unplaced: %s, capped at max %d", plural(res.unplaced, "pod"), need, o.MaxNodes))
+	}
+	notes = append(notes, notProvisionable(res.notProvisionable)...)
+	for _, n := range idle {
+		if n.blocked != "" && o.Now.Sub(d.IdleSince[n.name]) >= o.Hold {
+			notes = append(notes, fmt.Sprintf("node %s idle past the hold but kept: %s", n.name, n.blocked))
+		}
+	}
+
+	switch {
+	case len(removable) > 0 && len(removable) == d.Current && intent == 0:
+		// Everything is idle past the hold and nothing wants a node: back to zero.
+		d.Action, d.Target = Teardown, 0
+		d.Reason = fmt.Sprintf("nothing running for %s, past the %s hold", fmtDur(o.Now.Sub(latest(removable, d.IdleSince))), o.Hold)
+	case len(removable) > 0:
+		d.Action, d.Target = ScaleDown, d.Current-len(removable)
+		names := make([]string, len(removable))
+		for i, n := range removable {
+			names[i] = n.name
+		}
+		d.Reason = fmt.Sprintf("%s idle past the %s hold: %s", plural(len(removable), "node"), o.Hold, strings.Join(names, ", "))
+	case len(idle) > 0 && hasUnblocked(idle):
+		d.Action = Hold
+		first := earliestUnblocked(idle, d.IdleSince)
+		left := o.Hold - o.Now.Sub(first)
+		if len(idle) == registered && d.Current == registered && intent == 0 {
+			d.Reason = fmt.Sprintf("nothing running for %s, %s left of the %s hold", fmtDur(o.Now.Sub(latest(idle, d.IdleSince))), fmtDur(left), o.Hold)
+		} else {
+			d.Reason = fmt.Sprintf("%s idle, the first past the %s hold in %s", plural(len(idle), "node"), o.Hold, fmtDur(left))
+		}
+	default:
+		d.Action = None
+		switch {
+		case d.Current == 0 && intent == 0:
+			d.Reason = "no intent and no node"
+		case d.Current == 0:
+			d.Reason = fmt.Sprintf("%s and no node", plural(intent, "pod"))
+		default:
+			d.Reason = fmt.Sprintf("%s on %s", plural(intent, "pod"), plural(d.Current, "node"))
+		}
+	}
+	for _, n := range removable {
+		d.Cordon = append(d.Cordon, n.name)
+		d.Remove = append(d.Remove, n.name)
+	}
+	d.Reason = withNotes(d.Reason, notes)
+	return d, nil
+}
+
+// latest is the most recent idle start among ns: how long the whole set has been idle.
+func latest(ns []*simNode, since map[string]time.Time) time.Time {
+	var t time.Time
+	for _, n := range ns {
+		if s := since[n.name]; s.After(t) {
+			t = s
+		}
+	}
+	return t
+}
+
+func earliestUnblocked(ns []*simNode, since map[string]time.Time) time.Time {
+	var t time.Time
+	for _, n := range ns {
+		if s := since[n.name]; n.blocked == "" && (t.IsZero() || s.Before(t)) {
+			t = s
+		}
+	}
+	return t
+}
+
+func hasUnblocked(ns []*simNode) bool {
+	for _, n := range ns {
+		if n.blocked == "" {
+			return true
+		}
+	}
+	return false
+}
+
+func notProvisionable(lines []string) []string {
+	if len(lines) <= maxReasonNotes {
+		return lines
+	}
+	out := append([]string(nil), lines[:maxReasonNotes]...)
+	return append(out, fmt.Sprintf("%d more not provisionable", len(lines)-maxReasonNotes))
+}
+
+func joinReason(base, more string, semicolon bool) string {
+	if semicolon {
+		return base + "; " + more
+	}
+	return base + ": " + more
+}
+
+func withNotes(reason string, notes []string) string {
+	for _, n := range notes {
+		if reason == "" {
+			reason = n
+			continue
+		}
+		reason += "; " + n
+	}
+	return reason
+}
+
+// fmtDur rounds to a tenth of a second: "1m0.9s", not "1m0.917972328s".
+func fmtDur(d time.Duration) string {
+	return max(d, 0).Round(100 * time.Millisecond).String()
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}

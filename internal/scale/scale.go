@@ -1,0 +1,204 @@
+// Package scale is the scale decision: a pure function from what a tenant cluster looks
+// like (Observed) to what should happen to its nodes (Decision). It does no I/O and reads
+// no clock; "now" and the between-pass idle state are inputs, so every rule can be tested
+// as a table and replayed from a recorded observation.
+package scale
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Action is what a Decision asks the driver to do.
+type Action string
+
+const (
+	// None: nothing to do (no intent and no node, or every node busy).
+	None Action = "None"
+	// Provision: boot Target-Current new nodes.
+	Provision Action = "Provision"
+	// ScaleDown: cordon and remove the nodes in Remove; others stay.
+	ScaleDown Action = "ScaleDown"
+	// Teardown: no intent and every node idle past the hold: remove all, target 0.
+	Teardown Action = "Teardown"
+	// Hold: some node is idle but not yet for the whole hold.
+	Hold Action = "Hold"
+)
+
+const (
+	// LabelManaged marks nodes booted by socialweb.
+	LabelManaged = "socialweb.computer/managed"
+	// AnnotationDoNotDisrupt, "true" on a Pod (or Node), keeps its node from being removed.
+	AnnotationDoNotDisrupt = "socialweb.computer/do-not-disrupt"
+	// annotationMirrorPod marks static pods the kubelet mirrors into the API.
+	annotationMirrorPod = corev1.MirrorPodAnnotationKey
+)
+
+// ErrIncomplete is returned for an observation whose lists failed or whose caches had
+// not synced: a partial view must never read as "idle" and tear nodes down.
+var ErrIncomplete = errors.New("scale: observation incomplete (a list failed or a cache is not synced)")
+
+// NodeSize is the shape of every node a cluster boots.
+type NodeSize struct {
+	CPUs      int64 // vCPUs
+	MemoryMiB int64
+	MaxPods   int // kubelet maxPods
+}
+
+// InstanceType is the node.kubernetes.io/instance-type value of a node of this size,
+// e.g. socialweb-2c-3072Mi.
+func (s NodeSize) InstanceType() string {
+	return "socialweb-" + strconv.FormatInt(s.CPUs, 10) + "c-" + strconv.FormatInt(s.MemoryMiB, 10) + "Mi"
+}
+
+func (s NodeSize) validate() error {
+	if s.CPUs <= 0 || s.MemoryMiB <= 0 || s.MaxPods <= 0 {
+		return fmt.Errorf("scale: node size must be positive, got %d CPU, %d MiB, %d pods", s.CPUs, s.MemoryMiB, s.MaxPods)
+	}
+	return nil
+}
+
+// NodeLabels returns the labels a node named name of this size registers with. The
+// simulation matches nodeSelectors against exactly these, so the driver must boot nodes
+// with them (NodeRequest.Labels) for its predictions to hold.
+func NodeLabels(name string, size NodeSize) map[string]string {
+	return map[string]string{
+		corev1.LabelHostname:           name,
+		corev1.LabelOSStable:           "linux",
+		corev1.LabelArchStable:         "amd64",
+		corev1.LabelInstanceTypeStable: size.InstanceType(),
+		LabelManaged:                   "true",
+	}
+}
+
+// Observed is one consistent look at a tenant cluster plus the driver's state.
+// Decide reads it and never modifies anything it points to (the slices may be the
+// driver's informer caches).
+type Observed struct {
+	// Synced is true only if every list succeeded and every cache had synced. The driver
+	// should rather fail than build an Observed; false here is still an error.
+	Synced bool
+
+	Pods         []*corev1.Pod
+	Jobs         []*batchv1.Job
+	Deployments  []*appsv1.Deployment
+	StatefulSets []*appsv1.StatefulSet
+	Nodes        []*corev1.Node
+	// Booting names machines the provider has booted whose Node has not registered yet.
+	// They count as nodes of NodeSize: without them every pass during a boot would
+	// provision again.
+	Booting []string
+
+	NodeSize NodeSize
+	// MaxNodes caps the node count (registered + booting). 0 allows no nodes.
+	MaxNodes int
+	// Hold is how long a node must have had no workload Pod before it is removed.
+	Hold time.Duration
+	// NotReadyGrace: a registered node that is not Ready and younger than this is taken
+	// as capacity about to arrive (kubelet and CNI still starting); older, it is not a
+	// place pods can go. Zero: not-Ready nodes never take pods in the simulation.
+	NotReadyGrace time.Duration
+
+	// IdleSince maps node name to when it was first seen without workload Pods, as the
+	// driver kept it from the previous Decision's IdleSince.
+	IdleSince map[string]time.Time
+	Now       time.Time
+}
+
+func (o *Observed) validate() error {
+	if !o.Synced {
+		return ErrIncomplete
+	}
+	if o.Now.IsZero() {
+		return errors.New("scale: observation has no time")
+	}
+	if err := o.NodeSize.validate(); err != nil {
+		return err
+	}
+	if o.MaxNodes < 0 {
+		return fmt.Errorf("scale: max nodes must not be negative, got %d", o.MaxNodes)
+	}
+	if o.Hold < 0 || o.NotReadyGrace < 0 {
+		return fmt.Errorf("scale: hold (%s) and not-ready grace (%s) must not be negative", o.Hold, o.NotReadyGrace)
+	}
+	for _, p := range o.Pods {
+		if p == nil {
+			return errors.New("scale: nil pod in observation")
+		}
+	}
+	for _, n := range o.Nodes {
+		if n == nil {
+			return errors.New("scale: nil node in observation")
+		}
+	}
+	for _, j := range o.Jobs {
+		if j == nil {
+			return errors.New("scale: nil job in observation")
+		}
+	}
+	for _, d := range o.Deployments {
+		if d == nil {
+			return errors.New("scale: nil deployment in observation")
+		}
+	}
+	for _, s := range o.StatefulSets {
+		if s == nil {
+			return errors.New("scale: nil statefulset in observation")
+		}
+	}
+	return nil
+}
+
+// Decision is what to do, and why.
+type Decision struct {
+	Action Action
+	// Current is the node count observed (registered + booting).
+	Current int
+	// Target is the node count after the action.
+	Target int
+	// Cordon lists nodes to mark unschedulable before removal, Remove the nodes to
+	// delete (provider instance and Node object). Today they are the same nodes; they are
+	// separate so a driver cannot delete what it did not cordon first.
+	Cordon []string
+	Remove []string
+	// Reason is for humans: events, status, logs.
+	Reason string
+
+	// Intent counts Pods (real, or synthetic for workloads whose Pods do not exist yet)
+	// that want to run and could run on a node of this size.
+	Intent int
+	// Unplaced counts intent that fits no existing or booting node.
+	Unplaced int
+	// Need is the node count the simulation wanted before the cap (Current if none).
+	Need int
+	// Capped is true when MaxNodes kept Target below Need.
+	Capped bool
+	// NotProvisionable describes Pods no node of this size could ever run.
+	NotProvisionable []string
+	// PendingSince is the creation time of the oldest real Pod among Unplaced (zero if
+	// none): the start of the pending-to-provision latency.
+	PendingSince time.Time
+	// IdleSince is the driver's state for the next pass. Adopt it only if this
+	// Decision's action was carried out; otherwise keep the previous one.
+	IdleSince map[string]time.Time
+}
+
+// String is a one-line summary, e.g. "Provision nodes=3: intent and no node".
+func (d Decision) String() string {
+	var b strings.Builder
+	b.WriteString(string(d.Action))
+	b.WriteString(" nodes=")
+	b.WriteString(strconv.Itoa(d.Target))
+	if d.Reason != "" {
+		b.WriteString(": ")
+		b.WriteString(d.Reason)
+	}
+	return b.String()
+}

@@ -1,0 +1,311 @@
+// Package scaledriver runs the scale decision for one tenant cluster: it watches the
+// tenant through shared informers, calls scale.Decide, carries the Decision out against
+// a nodes.NodeProvider, and records it (an Event on the tenant, the Cluster status via a
+// StatusRecorder, Prometheus metrics). Between passes it keeps only each node's
+// idle-since time, and advances it only when the action succeeded, so a failed
+// teardown is retried rather than forgotten.
+package scaledriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	appslisters "k8s.io/client-go/listers/apps/v1"
+	batchlisters "k8s.io/client-go/listers/batch/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/socialweb-computer/socialweb/internal/nodes"
+	"github.com/socialweb-computer/socialweb/internal/scale"
+)
+
+// Config is one cluster's scaling policy. Zero durations take the defaults below.
+type Config struct {
+	// Cluster is the tenant cluster's name; node names and metrics labels derive from it.
+	Cluster string
+	// NodeSize is the size of every node booted. MaxPods 0 means 110, the kubelet default.
+	NodeSize scale.NodeSize
+	// MaxNodes caps registered + booting nodes.
+	MaxNodes int
+	// Hold is how long a node must have had no workload Pod before removal (default 1m).
+	Hold time.Duration
+	// Resync is the period of passes without events, so holds expire (default 5s).
+	Resync time.Duration
+	// Batch is how long a pass waits after the first event, so a burst of Pods is seen
+	// in one pass (default 100ms). It is the floor of the pending-to-create latency.
+	Batch time.Duration
+	// NotReadyGrace: a not-Ready node younger than this counts as coming capacity
+	// (default 2m).
+	NotReadyGrace time.Duration
+	// BootTimeout: a machine whose Node has not registered after this is no longer
+	// counted as booting, and is deleted (default 5m).
+	BootTimeout time.Duration
+	// CreateParallelism bounds concurrent provider calls in one pass (default 8).
+	CreateParallelism int
+	// EventNamespace is where Events go (default "default").
+	EventNamespace string
+}
+
+const (
+	defaultHold          = time.Minute
+	defaultResync        = 5 * time.Second
+	defaultBatch         = 100 * time.Millisecond
+	defaultNotReadyGrace = 2 * time.Minute
+	defaultBootTimeout   = 5 * time.Minute
+	defaultParallelism   = 8
+	defaultMaxPods       = 110
+)
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Cluster == "" {
+		return c, errors.New("scaledriver: config has no cluster name")
+	}
+	if c.NodeSize.MaxPods == 0 {
+		c.NodeSize.MaxPods = defaultMaxPods
+	}
+	if c.NodeSize.CPUs <= 0 || c.NodeSize.MemoryMiB <= 0 || c.NodeSize.MaxPods < 0 {
+		return c, fmt.Errorf("scaledriver: cluster %s: node size %+v must be positive", c.Cluster, c.NodeSize)
+	}
+	if c.MaxNodes < 0 {
+		return c, fmt.Errorf("scaledriver: cluster %s: max nodes %d is negative", c.Cluster, c.MaxNodes)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.Hold, defaultHold)
+	def(&c.Resync, defaultResync)
+	def(&c.Batch, defaultBatch)
+	def(&c.NotReadyGrace, defaultNotReadyGrace)
+	def(&c.BootTimeout, defaultBootTimeout)
+	if c.CreateParallelism <= 0 {
+		c.CreateParallelism = defaultParallelism
+	}
+	if c.EventNamespace == "" {
+		c.EventNamespace = "default"
+	}
+	return c, nil
+}
+
+// StatusRecorder writes a decision where operators read it; the daemon implements it
+// with the Cluster object's status. nodes is the node count after the action.
+type StatusRecorder interface {
+	RecordDecision(ctx context.Context, cluster string, d scale.Decision, nodes int) error
+}
+
+// Deps are the driver's collaborators. Tenant and Provider are required.
+type Deps struct {
+	Tenant   kubernetes.Interface
+	Provider nodes.NodeProvider
+	// Status, if set, is told every decision that changed something.
+	Status StatusRecorder
+	// Metrics, if set, gets the driver's collectors. Drivers of several clusters may
+	// share one Registerer: the collectors are shared and labelled by cluster.
+	Metrics prometheus.Registerer
+	// Clock is "now" for decisions (default time.Now). Timers use the real clock.
+	Clock func() time.Time
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// ErrNotSynced is returned by a pass before the informer caches have synced.
+var ErrNotSynced = errors.New("scaledriver: informer caches not synced")
+
+// Driver scales one tenant cluster. Create it with New.
+//
+// Lifecycle: New does no I/O. Start (once) starts the informers, bound to its context,
+// and waits for their caches; Run (once) calls Start if it was not called, then passes
+// on every relevant event (after Batch) and every Resync until its context ends, then
+// stops the informers and returns nil. RunPass runs one pass by hand (tests, harnesses
+// that drive scaling explicitly); passes never overlap.
+type Driver struct {
+	cfg      Config
+	tenant   kubernetes.Interface
+	provider nodes.NodeProvider
+	status   StatusRecorder
+	metrics  *metrics
+	now      func() time.Time
+	log      *slog.Logger
+
+	factory      informers.SharedInformerFactory
+	pods         corelisters.PodLister
+	nodeLister   corelisters.NodeLister
+	jobs         batchlisters.JobLister
+	deployments  appslisters.DeploymentLister
+	statefulSets appslisters.StatefulSetLister
+	synced       []cache.InformerSynced
+	kick         chan struct{}
+
+	lifeMu  sync.Mutex
+	started bool
+	running bool
+
+	passMu    sync.Mutex
+	idleSince map[string]time.Time // guarded by passMu
+}
+
+// New builds a driver; it registers metrics but does no I/O.
+func New(cfg Config, deps Deps) (*Driver, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if deps.Tenant == nil || deps.Provider == nil {
+		return nil, fmt.Errorf("scaledriver: cluster %s: tenant client and node provider are required", cfg.Cluster)
+	}
+	m, err := newMetrics(deps.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	d := &Driver{
+		cfg: cfg, tenant: deps.Tenant, provider: deps.Provider, status: deps.Status, metrics: m,
+		now: deps.Clock, log: deps.Logger, kick: make(chan struct{}, 1), idleSince: map[string]time.Time{},
+	}
+	if d.now == nil {
+		d.now = time.Now
+	}
+	if d.log == nil {
+		d.log = slog.Default()
+	}
+	d.log = d.log.With("cluster", cfg.Cluster)
+
+	// Managed fields are most of a cached object's size and nothing here reads them.
+	d.factory = informers.NewSharedInformerFactoryWithOptions(d.tenant, 0, informers.WithTransform(func(obj any) (any, error) {
+		if a, err := meta.Accessor(obj); err == nil {
+			a.SetManagedFields(nil)
+		}
+		return obj, nil
+	}))
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { d.trigger() },
+		UpdateFunc: func(any, any) { d.trigger() },
+		DeleteFunc: func(any) { d.trigger() },
+	}
+	for _, inf := range []cache.SharedIndexInformer{
+		d.factory.Core().V1().Pods().Informer(),
+		d.factory.Core().V1().Nodes().Informer(),
+		d.factory.Batch().V1().Jobs().Informer(),
+		d.factory.Apps().V1().Deployments().Informer(),
+		d.factory.Apps().V1().StatefulSets().Informer(),
+	} {
+		reg, err := inf.AddEventHandler(handler)
+		if err != nil {
+			return nil, fmt.Errorf("scaledriver: cluster %s: %w", cfg.Cluster, err)
+		}
+		d.synced = append(d.synced, inf.HasSynced, reg.HasSynced)
+	}
+	d.pods = d.factory.Core().V1().Pods().Lister()
+	d.nodeLister = d.factory.Core().V1().Nodes().Lister()
+	d.jobs = d.factory.Batch().V1().Jobs().Lister()
+	d.deployments = d.factory.Apps().V1().Deployments().Lister()
+	d.statefulSets = d.factory.Apps().V1().StatefulSets().Lister()
+	return d, nil
+}
+
+// trigger asks for a pass; bursts coalesce into one.
+func (d *Driver) trigger() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Start starts the informers (they stop when ctx ends) and waits for their caches.
+// It may be called once.
+func (d *Driver) Start(ctx context.Context) error {
+	d.lifeMu.Lock()
+	if d.started {
+		d.lifeMu.Unlock()
+		return errors.New("scaledriver: already started")
+	}
+	d.started = true
+	d.lifeMu.Unlock()
+
+	d.factory.Start(ctx.Done())
+	if err := d.factory.WaitForCacheSyncWithContext(ctx).AsError(); err != nil {
+		return fmt.Errorf("scaledriver: cluster %s: %w", d.cfg.Cluster, err)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), d.synced...) {
+		return fmt.Errorf("scaledriver: cluster %s: %w", d.cfg.Cluster, ErrNotSynced)
+	}
+	return nil
+}
+
+// Run scales the cluster until ctx ends; see Driver for the lifecycle. It returns nil
+// when ctx ends, or an error if it could not start.
+func (d *Driver) Run(ctx context.Context) error {
+	d.lifeMu.Lock()
+	if d.running {
+		d.lifeMu.Unlock()
+		return errors.New("scaledriver: already running")
+	}
+	d.running = true
+	started := d.started
+	d.lifeMu.Unlock()
+
+	defer d.factory.Shutdown() // waits for the informer goroutines
+	defer d.metrics.forget(d.cfg.Cluster)
+	if !started {
+		if err := d.Start(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+
+	ticker := time.NewTicker(d.cfg.Resync)
+	defer ticker.Stop()
+	batch := time.NewTimer(0)
+	<-batch.C
+	d.trigger() // first pass right away
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		case <-d.kick:
+			batch.Reset(d.cfg.Batch)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-batch.C:
+			}
+		}
+		// Events that arrive during the pass ask for the next one.
+		select {
+		case <-d.kick:
+		default:
+		}
+		dec, err := d.RunPass(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			// The next tick retries; a failed action left the state where it was.
+			d.log.Error("scale pass failed", "action", dec.Action, "err", err)
+		case dec.Action != scale.None && dec.Action != scale.Hold:
+			d.log.Info("scale decision carried out", "decision", dec.String())
+		}
+	}
+}
+
+// IdleSince returns a copy of the driver's only between-pass state.
+func (d *Driver) IdleSince() map[string]time.Time {
+	d.passMu.Lock()
+	defer d.passMu.Unlock()
+	out := make(map[string]time.Time, len(d.idleSince))
+	for k, v := range d.idleSince {
+		out[k] = v
+	}
+	return out
+}

@@ -1,0 +1,250 @@
+package scaledriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/socialweb-computer/socialweb/internal/nodes"
+	"github.com/socialweb-computer/socialweb/internal/scale"
+)
+
+// RunPass observes the cluster, decides, carries the decision out and records it. It
+// returns the decision even when carrying it out failed (with the error); the idle
+// state advances only on success. Before the caches sync it returns ErrNotSynced and
+// decides nothing.
+func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
+	d.passMu.Lock()
+	defer d.passMu.Unlock()
+
+	o, err := d.observe(ctx)
+	if err != nil {
+		return scale.Decision{}, err
+	}
+	dec, err := scale.Decide(o)
+	if err != nil {
+		return scale.Decision{}, fmt.Errorf("scaledriver: cluster %s: %w", d.cfg.Cluster, err)
+	}
+	d.metrics.decided(d.cfg.Cluster, dec)
+
+	if err := d.perform(ctx, dec); err != nil {
+		d.metrics.failed(d.cfg.Cluster, dec, dec.Current)
+		err = fmt.Errorf("scaledriver: cluster %s: %s: %w", d.cfg.Cluster, dec.Action, err)
+		d.event(ctx, dec, corev1.EventTypeWarning, string(dec.Action)+"Failed", dec.Reason+"; failed: "+err.Error())
+		return dec, err
+	}
+
+	next := maps.Clone(dec.IdleSince)
+	for _, name := range dec.Remove {
+		delete(next, name)
+	}
+	d.idleSince = next
+	d.metrics.succeeded(d.cfg.Cluster, dec, d.now())
+
+	if dec.Action == scale.None || dec.Action == scale.Hold {
+		return dec, nil
+	}
+	d.event(ctx, dec, corev1.EventTypeNormal, string(dec.Action), dec.Reason)
+	if d.status != nil {
+		if err := d.status.RecordDecision(ctx, d.cfg.Cluster, dec, dec.Target); err != nil {
+			// The nodes did change; only the report failed, so the state stays advanced.
+			return dec, fmt.Errorf("scaledriver: cluster %s: record status: %w", d.cfg.Cluster, err)
+		}
+	}
+	return dec, nil
+}
+
+// observe builds one Observed from the informer caches and the provider. Any gap is an
+// error: an empty list from a cache that has not synced must never read as "idle".
+func (d *Driver) observe(ctx context.Context) (scale.Observed, error) {
+	for _, synced := range d.synced {
+		if !synced() {
+			return scale.Observed{}, fmt.Errorf("scaledriver: cluster %s: %w", d.cfg.Cluster, ErrNotSynced)
+		}
+	}
+	o := scale.Observed{
+		Synced:        true,
+		NodeSize:      d.cfg.NodeSize,
+		MaxNodes:      d.cfg.MaxNodes,
+		Hold:          d.cfg.Hold,
+		NotReadyGrace: d.cfg.NotReadyGrace,
+		IdleSince:     d.idleSince,
+		Now:           d.now(),
+	}
+	var err error
+	everything := labels.Everything()
+	list := func(what string, f func() error) {
+		if err == nil {
+			if e := f(); e != nil {
+				err = fmt.Errorf("scaledriver: cluster %s: list %s: %w", d.cfg.Cluster, what, e)
+			}
+		}
+	}
+	list("pods", func() (e error) { o.Pods, e = d.pods.List(everything); return })
+	list("nodes", func() (e error) { o.Nodes, e = d.nodeLister.List(everything); return })
+	list("jobs", func() (e error) { o.Jobs, e = d.jobs.List(everything); return })
+	list("deployments", func() (e error) { o.Deployments, e = d.deployments.List(everything); return })
+	list("statefulsets", func() (e error) { o.StatefulSets, e = d.statefulSets.List(everything); return })
+	if err != nil {
+		return scale.Observed{}, err
+	}
+
+	instances, err := d.provider.List(ctx)
+	if err != nil {
+		return scale.Observed{}, fmt.Errorf("scaledriver: cluster %s: list machines: %w", d.cfg.Cluster, err)
+	}
+	registered := make(map[string]bool, len(o.Nodes))
+	for _, n := range o.Nodes {
+		registered[n.Name] = true
+	}
+	for _, in := range instances {
+		if in.Cluster != d.cfg.Cluster || registered[in.Name] || in.State == nodes.StateStopping || in.State == nodes.StateTerminated {
+			continue
+		}
+		if o.Now.Sub(in.Created) < d.cfg.BootTimeout {
+			o.Booting = append(o.Booting, in.Name)
+			continue
+		}
+		// A machine that never joined holds host resources and is counted nowhere.
+		d.log.Warn("machine never registered its node; deleting it", "node", in.Name, "created", in.Created)
+		if err := d.provider.Delete(ctx, in.Name); err != nil && !nodes.IsNotFound(err) {
+			d.log.Error("delete unregistered machine", "node", in.Name, "err", err)
+		}
+	}
+	return o, nil
+}
+
+// perform carries dec out. Provider calls run concurrently, CreateParallelism at a time.
+func (d *Driver) perform(ctx context.Context, dec scale.Decision) error {
+	switch dec.Action {
+	case scale.Provision:
+		return d.parallel(dec.Target-dec.Current, func(int) error { return d.create(ctx) })
+	case scale.ScaleDown, scale.Teardown:
+		if !equal(dec.Cordon, dec.Remove) {
+			return fmt.Errorf("decision removes %v but cordons %v", dec.Remove, dec.Cordon)
+		}
+		return d.parallel(len(dec.Remove), func(i int) error { return d.remove(ctx, dec.Remove[i]) })
+	}
+	return nil
+}
+
+func (d *Driver) parallel(n int, f func(i int) error) error {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+		sem  = make(chan struct{}, d.cfg.CreateParallelism)
+	)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := f(i); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (d *Driver) create(ctx context.Context) error {
+	// A fresh name per attempt: a failed boot's name is never reused.
+	name, err := nodes.NewNodeName(d.cfg.Cluster)
+	if err != nil {
+		return err
+	}
+	size := d.cfg.NodeSize
+	_, err = d.provider.Create(ctx, nodes.NodeRequest{
+		Cluster: d.cfg.Cluster, Name: name,
+		CPUs: size.CPUs, MemoryMiB: size.MemoryMiB, MaxPods: size.MaxPods,
+		Labels: scale.NodeLabels(name, size),
+	})
+	if err != nil {
+		return fmt.Errorf("create node %s: %w", name, err)
+	}
+	return nil
+}
+
+// errNodeBusy: a Pod was bound to the node between the decision and the cordon.
+var errNodeBusy = errors.New("a pod that keeps the node was bound after the decision")
+
+// remove cordons name, makes sure nothing that keeps it arrived meanwhile, then deletes
+// the machine and the Node object. Already-gone is success at every step.
+func (d *Driver) remove(ctx context.Context, name string) error {
+	wasCordoned := false
+	if n, err := d.nodeLister.Get(name); err == nil {
+		wasCordoned = n.Spec.Unschedulable
+	}
+	cordon := func(on bool) error {
+		patch := fmt.Appendf(nil, `{"spec":{"unschedulable":%t}}`, on)
+		_, err := d.tenant.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+		return err
+	}
+	uncordon := func() {
+		if !wasCordoned {
+			if err := cordon(false); err != nil && !apierrors.IsNotFound(err) {
+				d.log.Error("uncordon after failed removal", "node", name, "err", err)
+			}
+		}
+	}
+
+	nodeGone := false
+	if err := cordon(true); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("cordon %s: %w", name, err)
+		}
+		nodeGone = true
+	}
+	if !nodeGone {
+		// Ask the apiserver, not the cache: the cache may not have the Pod the scheduler
+		// bound a moment before the cordon. (Field selectors narrow a real apiserver's
+		// answer; filter again for clients that ignore them.)
+		pods, err := d.tenant.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
+		if err != nil {
+			uncordon()
+			return fmt.Errorf("re-check pods on %s: %w", name, err)
+		}
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if p.Spec.NodeName == name && scale.BlocksRemoval(p) {
+				uncordon()
+				return fmt.Errorf("keep %s: pod %s/%s: %w", name, p.Namespace, p.Name, errNodeBusy)
+			}
+		}
+	}
+	if err := d.provider.Delete(ctx, name); err != nil && !nodes.IsNotFound(err) {
+		uncordon()
+		return fmt.Errorf("delete machine %s: %w", name, err)
+	}
+	if !nodeGone {
+		err := d.tenant.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete node object %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

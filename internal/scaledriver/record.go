@@ -1,0 +1,135 @@
+package scaledriver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/socialweb-computer/socialweb/internal/scale"
+)
+
+// reportingController names the driver in the Events it writes.
+const reportingController = "socialweb.computer/scale"
+
+// maxNote is the apiserver's limit on an Event's note.
+const maxNote = 1024
+
+// event writes an events.k8s.io/v1 Event on the tenant about the namespace, since the
+// nodes a decision is about may not exist yet (or any more). Failing to write one is
+// logged, never fatal: the Event reports a change, it is not the change.
+func (d *Driver) event(ctx context.Context, dec scale.Decision, typ, reason, note string) {
+	if len(note) > maxNote {
+		note = note[:maxNote-3] + "..."
+	}
+	var suffix [8]byte
+	_, _ = rand.Read(suffix[:])
+	ev := &eventsv1.Event{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      d.cfg.Cluster + "-scale." + hex.EncodeToString(suffix[:]),
+			Namespace: d.cfg.EventNamespace,
+		},
+		EventTime:           metav1.NewMicroTime(d.now()),
+		ReportingController: reportingController,
+		ReportingInstance:   reportingController + "/" + d.cfg.Cluster,
+		Action:              "Scale",
+		Reason:              reason,
+		Type:                typ,
+		Note:                note,
+		Regarding:           corev1.ObjectReference{APIVersion: "v1", Kind: "Namespace", Name: d.cfg.EventNamespace},
+	}
+	if _, err := d.tenant.EventsV1().Events(d.cfg.EventNamespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		d.log.Warn("record scale event", "reason", reason, "err", err)
+	}
+}
+
+// metrics are shared by every driver on a Registerer and labelled by cluster.
+type metrics struct {
+	decisions *prometheus.CounterVec
+	failures  *prometheus.CounterVec
+	nodes     *prometheus.GaugeVec
+	pending   *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "socialweb_scale_decisions_total",
+			Help: "Scale decisions made, by cluster and action (every pass, including None and Hold).",
+		}, []string{"cluster", "action"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "socialweb_scale_action_failures_total",
+			Help: "Scale decisions whose action failed against the node provider or the tenant.",
+		}, []string{"cluster", "action"}),
+		nodes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "socialweb_nodes",
+			Help: "Nodes of the cluster (registered and booting) after the last scale pass.",
+		}, []string{"cluster"}),
+		pending: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "socialweb_scale_pending_to_provision_seconds",
+			Help:    "From the oldest unplaceable Pod's creation to the provisioning of nodes for it.",
+			Buckets: prometheus.ExponentialBuckets(0.05, 2, 12), // 50ms .. ~100s
+		}, []string{"cluster"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	if m.decisions, err = register(reg, m.decisions); err != nil {
+		return nil, err
+	}
+	if m.failures, err = register(reg, m.failures); err != nil {
+		return nil, err
+	}
+	if m.nodes, err = register(reg, m.nodes); err != nil {
+		return nil, err
+	}
+	if m.pending, err = register(reg, m.pending); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the identical collector a driver of another cluster
+// registered on reg before.
+func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
+	err := reg.Register(c)
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(T); ok {
+			return existing, nil
+		}
+	}
+	return c, err
+}
+
+func (m *metrics) decided(cluster string, d scale.Decision) {
+	m.decisions.WithLabelValues(cluster, string(d.Action)).Inc()
+}
+
+func (m *metrics) failed(cluster string, d scale.Decision, nodes int) {
+	m.failures.WithLabelValues(cluster, string(d.Action)).Inc()
+	m.nodes.WithLabelValues(cluster).Set(float64(nodes))
+}
+
+func (m *metrics) succeeded(cluster string, d scale.Decision, now time.Time) {
+	m.nodes.WithLabelValues(cluster).Set(float64(d.Target))
+	if d.Action == scale.Provision && !d.PendingSince.IsZero() {
+		m.pending.WithLabelValues(cluster).Observe(now.Sub(d.PendingSince).Seconds())
+	}
+}
+
+// forget drops a stopped driver's series, so a deleted cluster does not linger.
+func (m *metrics) forget(cluster string) {
+	l := prometheus.Labels{"cluster": cluster}
+	m.decisions.DeletePartialMatch(l)
+	m.failures.DeletePartialMatch(l)
+	m.nodes.DeletePartialMatch(l)
+	m.pending.DeletePartialMatch(l)
+}
