@@ -1,0 +1,108 @@
+// Package identity is the contract between the host and a node's guest
+// agent: everything a microVM needs to join its cluster, written by the host
+// onto a small read-only disk and read by the agent at boot.
+//
+// The disk is raw: a JSON document followed by zero padding to a whole
+// number of 512-byte sectors. No filesystem is needed to write or read it.
+package identity
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+)
+
+// MaxSize bounds the document; a larger disk is not an identity disk.
+const MaxSize = 1 << 20
+
+// Identity is one node's join configuration.
+type Identity struct {
+	Cluster    string `json:"cluster"`
+	NodeName   string `json:"nodeName"`   // unique per boot
+	ProviderID string `json:"providerID"` // socialweb://<cluster>/<node>
+	// APIServer is the tenant apiserver on the cluster's gateway address.
+	APIServer string `json:"apiServer"`
+	// CACert is the tenant's server CA (PEM).
+	CACert string `json:"caCert"`
+	// BootstrapToken is "<id>.<secret>", short-lived, for TLS bootstrap.
+	BootstrapToken string `json:"bootstrapToken"`
+	// Address is the node's address with prefix, e.g. 10.250.3.2/24.
+	Address string `json:"address"`
+	Gateway string `json:"gateway"`
+	// DNS is the nameserver the node itself uses (the gateway's forwarder).
+	DNS string `json:"dns"`
+	// ClusterDNS is the Service IP Pods use for cluster DNS.
+	ClusterDNS string `json:"clusterDNS"`
+	// Registry is the host-side registry every image name is mirrored to,
+	// e.g. http://10.250.3.1:5000.
+	Registry string            `json:"registry"`
+	MaxPods  int               `json:"maxPods"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	// MAC of the node's network interface, to pick the right link.
+	MAC string `json:"mac,omitempty"`
+}
+
+// Validate says what is missing or malformed.
+func (id Identity) Validate() error {
+	var errs []error
+	need := func(name, v string) {
+		if v == "" {
+			errs = append(errs, fmt.Errorf("%s is empty", name))
+		}
+	}
+	need("cluster", id.Cluster)
+	need("nodeName", id.NodeName)
+	need("providerID", id.ProviderID)
+	need("apiServer", id.APIServer)
+	need("caCert", id.CACert)
+	need("bootstrapToken", id.BootstrapToken)
+	if _, _, err := net.ParseCIDR(id.Address); err != nil {
+		errs = append(errs, fmt.Errorf("address %q is not an address/prefix", id.Address))
+	}
+	for name, v := range map[string]string{"gateway": id.Gateway, "dns": id.DNS} {
+		if net.ParseIP(v) == nil {
+			errs = append(errs, fmt.Errorf("%s %q is not an IP", name, v))
+		}
+	}
+	if id.MaxPods <= 0 {
+		errs = append(errs, fmt.Errorf("maxPods %d must be positive", id.MaxPods))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("identity of node %q: %w", id.NodeName, errors.Join(errs...))
+	}
+	return nil
+}
+
+// Encode writes the disk image: the JSON document padded to whole sectors.
+func Encode(w io.Writer, id Identity) error {
+	if err := id.Validate(); err != nil {
+		return err
+	}
+	b, err := json.Marshal(id)
+	if err != nil {
+		return err
+	}
+	if len(b) >= MaxSize {
+		return fmt.Errorf("identity of %s is %d bytes, over %d", id.NodeName, len(b), MaxSize)
+	}
+	pad := 512 - len(b)%512
+	_, err = w.Write(append(b, make([]byte, pad)...))
+	return err
+}
+
+// Decode reads a disk image written by Encode.
+func Decode(r io.Reader) (Identity, error) {
+	var id Identity
+	b, err := io.ReadAll(io.LimitReader(r, MaxSize))
+	if err != nil {
+		return id, fmt.Errorf("reading identity disk: %w", err)
+	}
+	b = bytes.TrimRight(b, "\x00")
+	if err := json.Unmarshal(b, &id); err != nil {
+		return id, fmt.Errorf("identity disk holds no identity document: %w", err)
+	}
+	return id, id.Validate()
+}

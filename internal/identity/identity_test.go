@@ -1,0 +1,67 @@
+package identity
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+func sample() Identity {
+	return Identity{
+		Cluster: "ci", NodeName: "ci-abc123", ProviderID: "socialweb://ci/ci-abc123",
+		APIServer: "https://10.250.3.1:7500", CACert: "-----BEGIN CERTIFICATE-----\n...", BootstrapToken: "abcdef.0123456789abcdef",
+		Address: "10.250.3.2/24", Gateway: "10.250.3.1", DNS: "10.250.3.1", ClusterDNS: "10.251.0.10",
+		Registry: "http://10.250.3.1:5000", MaxPods: 110, Labels: map[string]string{"a": "b"},
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	var buf bytes.Buffer
+	if err := Encode(&buf, sample()); err != nil {
+		t.Fatal(err)
+	}
+	if buf.Len()%512 != 0 {
+		t.Errorf("disk is %d bytes, not whole sectors", buf.Len())
+	}
+	got, err := Decode(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.NodeName != "ci-abc123" || got.Labels["a"] != "b" || got.MaxPods != 110 {
+		t.Errorf("round trip lost data: %+v", got)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name    string
+		mutate  func(*Identity)
+		wantErr string
+	}{
+		{"complete", func(*Identity) {}, ""},
+		{"no token", func(i *Identity) { i.BootstrapToken = "" }, "bootstrapToken is empty"},
+		{"bad address", func(i *Identity) { i.Address = "10.250.3.2" }, "not an address/prefix"},
+		{"bad gateway", func(i *Identity) { i.Gateway = "gw" }, "gateway"},
+		{"no max pods", func(i *Identity) { i.MaxPods = 0 }, "maxPods"},
+	}
+	for _, tt := range tests {
+		id := sample()
+		tt.mutate(&id)
+		err := id.Validate()
+		if tt.wantErr == "" {
+			if err != nil {
+				t.Errorf("%s: %v", tt.name, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("%s: err = %v, want %q", tt.name, err, tt.wantErr)
+		}
+	}
+}
+
+func TestDecodeRejectsGarbage(t *testing.T) {
+	if _, err := Decode(strings.NewReader("\x00\x00not json")); err == nil {
+		t.Error("garbage decoded")
+	}
+}
