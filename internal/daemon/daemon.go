@@ -153,6 +153,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		Defaults:   v.Defaults,
 		Env:        v.ControlPlaneEnv,
 	}, log.With("component", "provider"), dyn, kube, v.store, sup)
+	reg.MustRegister(prov.Collector())
 	log.Info("serving", "managementAPI", restCfg.Host, "kubeconfig", mgmt, "datastore", v.store.Describe(), "portRange", v.ports.String())
 	return prov.Run(ctx)
 }

@@ -56,17 +56,19 @@ type Config struct {
 
 // Provider reconciles Cluster objects. Run it once.
 type Provider struct {
-	cfg     Config
-	log     *slog.Logger
-	dyn     dynamic.Interface
-	kube    kubernetes.Interface
-	store   datastore.Store
-	sup     *supervisor.Supervisor
-	leases  leaseStore
-	queue   workqueue.TypedRateLimitingInterface[string]
-	lister  cache.GenericLister
-	probeMu sync.Mutex
-	probes  map[string]*probe
+	cfg      Config
+	log      *slog.Logger
+	dyn      dynamic.Interface
+	kube     kubernetes.Interface
+	store    datastore.Store
+	sup      *supervisor.Supervisor
+	leases   leaseStore
+	queue    workqueue.TypedRateLimitingInterface[string]
+	factory  dynamicinformer.DynamicSharedInformerFactory
+	informer cache.SharedIndexInformer
+	lister   cache.GenericLister
+	probeMu  sync.Mutex
+	probes   map[string]*probe
 	// failures remembers the last Lease/Provision error per cluster so the
 	// plan reports it instead of retrying in a tight loop.
 	failMu   sync.Mutex
@@ -82,8 +84,13 @@ type probe struct {
 // New wires a provider. The supervisor must have been created with
 // p.Enqueue-compatible change notifications (see SupervisorHook).
 func New(cfg Config, log *slog.Logger, dyn dynamic.Interface, kube kubernetes.Interface, store datastore.Store, sup *supervisor.Supervisor) *Provider {
+	factory := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 30*time.Second)
+	inf := factory.ForResource(v1.ClusterResource)
 	return &Provider{
 		cfg: cfg, log: log, dyn: dyn, kube: kube, store: store, sup: sup,
+		factory:  factory,
+		informer: inf.Informer(),
+		lister:   inf.Lister(),
 		leases:   leaseStore{kube: kube, ports: cfg.Ports, networks: cfg.Networks},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		probes:   map[string]*probe{},
@@ -106,16 +113,13 @@ func (p *Provider) SupervisorHook(name string) {
 
 // Run watches Clusters until ctx ends, then stops every control plane.
 func (p *Provider) Run(ctx context.Context) error {
-	factory := dynamicinformer.NewDynamicSharedInformerFactory(p.dyn, 30*time.Second)
-	inf := factory.ForResource(v1.ClusterResource)
-	p.lister = inf.Lister()
-	_, _ = inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	_, _ = p.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { p.enqueue(o) },
 		UpdateFunc: func(_, o any) { p.enqueue(o) },
 		DeleteFunc: func(o any) { p.enqueue(o) },
 	})
-	factory.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+	p.factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), p.informer.HasSynced) {
 		return fmt.Errorf("cluster informer did not sync")
 	}
 	go p.probeLoop(ctx)

@@ -2,6 +2,9 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,9 +17,21 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/livetest"
 )
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
 
 func (d *daemon) cluster(name string) v1.Cluster {
 	d.t.Helper()
@@ -42,6 +57,44 @@ func (d *daemon) waitPhase(name string, phase v1.Phase, timeout time.Duration) v
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+}
+
+// clusterTable fetches Clusters as kubectl does and returns the column
+// names and cells, flattened.
+func (d *daemon) clusterTable() string {
+	d.t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(d.stateDir, "admin.kubeconfig"))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodGet, cfg.Host+"/apis/socialweb.computer/v1alpha1/clusters", nil)
+	req.Header.Set("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+	resp, err := hc.Do(req)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var tab metav1.Table
+	if err := json.NewDecoder(resp.Body).Decode(&tab); err != nil {
+		d.t.Fatal(err)
+	}
+	var cells []string
+	for _, c := range tab.ColumnDefinitions {
+		cells = append(cells, c.Name)
+	}
+	if strings.Join(cells[:4], ",") != "Name,Phase,URL,Nodes" {
+		d.t.Errorf("Cluster table columns %v, want Name, Phase, URL, Nodes, Age", cells)
+	}
+	for _, r := range tab.Rows {
+		for _, c := range r.Cells {
+			cells = append(cells, fmt.Sprint(c))
+		}
+	}
+	return strings.Join(cells, " ")
 }
 
 func putConfigMap(t *testing.T, k kubernetes.Interface, name string) {
@@ -81,6 +134,17 @@ func TestTwoClustersIsolatedAndSurviveRestarts(t *testing.T) {
 	}
 	if a := d.cluster("alpha"); a.Spec.MaxNodes != 5 || a.Spec.Datastore != "sqlite" {
 		t.Errorf("alpha spec = %+v, want the daemon defaults (maxNodes 5, sqlite)", a.Spec)
+	}
+
+	// `kubectl get clusters` shows what `cluster list` shows: the CRD's
+	// printer columns, read the way kubectl reads them (as a Table).
+	table := d.clusterTable()
+	if !strings.Contains(table, "alpha") || !strings.Contains(table, urls["alpha"]) || !strings.Contains(table, "Ready") {
+		t.Errorf("the management API's Cluster table lacks alpha: %s", table)
+	}
+	list := d.mustCLI("cluster", "list")
+	if !strings.Contains(list, "alpha") || !strings.Contains(list, urls["beta"]) {
+		t.Errorf("cluster list:\n%s", list)
 	}
 
 	cfgA, kA := d.tenant("alpha")
@@ -145,10 +209,20 @@ func TestTwoClustersIsolatedAndSurviveRestarts(t *testing.T) {
 // TestDeleteReleasesPortAndFiles uses a one-port range: a second cluster is
 // refused while the first holds the port, and fits once it is deleted.
 func TestDeleteReleasesPortAndFiles(t *testing.T) {
-	d := newDaemon(t, 1)
+	metrics := fmt.Sprintf("127.0.0.1:%d", livetest.FreePort(t))
+	d := newDaemon(t, 1, "--metrics-address", metrics)
 	d.start()
 	d.mustCLI("cluster", "create", "solo", "--wait")
 	url := d.cluster("solo").Status.URL
+	resp, err := http.Get("http://" + metrics + "/metrics")
+	if err != nil {
+		t.Fatalf("scraping the daemon's metrics: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `socialweb_clusters{phase="Ready"} 1`) {
+		t.Errorf("metrics do not count the Ready cluster:\n%s", grepLines(string(body), "socialweb_"))
+	}
 	dir := filepath.Join(d.stateDir, "clusters", "solo")
 	if _, err := os.Stat(dir); err != nil {
 		t.Fatalf("cluster dir: %v", err)
