@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
+	"github.com/socialweb-computer/socialweb/internal/supervisor"
 )
 
 func main() {
@@ -234,7 +235,7 @@ func startBaseline(ctx context.Context, binDir, dir string, port int) (*baseline
 	cfg := controlplane.Config{
 		Name: filepath.Base(dir), Dir: dir, Port: port, Datastore: "etcd",
 		Components:       []string{controlplane.APIServer, controlplane.ControllerManager, controlplane.Scheduler},
-		AdvertiseAddress: "127.0.0.1", ServiceCIDR: "10.251.0.0/16", ClusterCIDR: "10.1.0.0/16", NodeCIDRMaskSize: 24, Tenant: true,
+		AdvertiseAddress: "10.250.199.1", ServiceCIDR: "10.251.0.0/16", ClusterCIDR: "10.1.0.0/16", NodeCIDRMaskSize: 24, Tenant: true,
 	}
 	if err := controlplane.Prepare(cfg); err != nil {
 		return nil, err
@@ -264,6 +265,9 @@ func startBaseline(ctx context.Context, binDir, dir string, port int) (*baseline
 	}
 	deadline := time.Now().Add(3 * time.Minute)
 	for controlplane.Probe(ctx, client, cfg.URL()) != nil {
+		if _, err := supervisor.Observe(a.Process.Pid); err != nil {
+			return nil, fmt.Errorf("kube-apiserver over etcd exited; see %s", dir)
+		}
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("kube-apiserver over etcd not ready in 3m; see %s", dir)
 		}

@@ -8,13 +8,18 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
 )
 
-// probeInterval is how often each running control plane's /readyz is read.
-const probeInterval = 2 * time.Second
+// A Ready control plane is probed every probeInterval; one that is starting
+// is probed every startingProbeInterval, so Ready is seen within a fraction
+// of a second of /readyz answering.
+const (
+	probeInterval         = 2 * time.Second
+	startingProbeInterval = 100 * time.Millisecond
+)
 
 // probeLoop reads /readyz of every running control plane and requeues a
 // cluster whenever its answer changes.
 func (p *Provider) probeLoop(ctx context.Context) {
-	t := time.NewTicker(probeInterval)
+	t := time.NewTicker(startingProbeInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -31,9 +36,37 @@ func (p *Provider) probeLoop(ctx context.Context) {
 			if st, ok := p.sup.State(ProcessName(name)); !ok || (!st.Running && !p.hasProbe(name)) {
 				continue
 			}
-			p.probeOne(ctx, name)
+			if p.claimProbe(name) {
+				// Concurrently: one slow apiserver must not delay the others.
+				go func() {
+					defer p.releaseProbe(name)
+					p.probeOne(ctx, name)
+				}()
+			}
 		}
 	}
+}
+
+// claimProbe reports whether a probe of name is due and none is in flight,
+// and if so marks one in flight.
+func (p *Provider) claimProbe(name string) bool {
+	p.probeMu.Lock()
+	defer p.probeMu.Unlock()
+	if p.probing[name] {
+		return false
+	}
+	pr := p.probes[name]
+	if pr != nil && pr.state.OK && time.Since(pr.last) < probeInterval {
+		return false
+	}
+	p.probing[name] = true
+	return true
+}
+
+func (p *Provider) releaseProbe(name string) {
+	p.probeMu.Lock()
+	delete(p.probing, name)
+	p.probeMu.Unlock()
 }
 
 func (p *Provider) hasProbe(name string) bool {
@@ -62,6 +95,7 @@ func (p *Provider) probeOne(ctx context.Context, name string) {
 	}
 	err := controlplane.Probe(ctx, pr.client, pr.url)
 	p.probeMu.Lock()
+	pr.last = time.Now()
 	prev := pr.state
 	pr.state.OK = err == nil
 	pr.state.Err = ""

@@ -69,6 +69,7 @@ type Provider struct {
 	lister   cache.GenericLister
 	probeMu  sync.Mutex
 	probes   map[string]*probe
+	probing  map[string]bool // a probe is in flight
 	// failures remembers the last Lease/Provision error per cluster so the
 	// plan reports it instead of retrying in a tight loop.
 	failMu   sync.Mutex
@@ -76,6 +77,7 @@ type Provider struct {
 }
 
 type probe struct {
+	last   time.Time // when it was last probed
 	state  ProbeState
 	client *http.Client
 	url    string
@@ -94,6 +96,7 @@ func New(cfg Config, log *slog.Logger, dyn dynamic.Interface, kube kubernetes.In
 		leases:   leaseStore{kube: kube, ports: cfg.Ports, networks: cfg.Networks},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		probes:   map[string]*probe{},
+		probing:  map[string]bool{},
 		failures: map[string]map[Op]error{},
 	}
 }
