@@ -1,0 +1,46 @@
+package join
+
+import (
+	"context"
+	"net"
+	"regexp"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/socialweb-computer/socialweb/internal/nodenet"
+	"github.com/socialweb-computer/socialweb/internal/nodes"
+)
+
+func TestIdentityRegistersAShortLivedToken(t *testing.T) {
+	plan, _ := nodenet.ForIndex(3)
+	kube := fake.NewSimpleClientset()
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	m := Minter{Tenant: kube, APIServer: "https://10.250.3.1:7500", CACert: []byte("PEM"), Plan: plan,
+		Registry: "http://10.250.3.1:5000", TTL: 10 * time.Minute, Now: func() time.Time { return now }}
+	req := nodes.NodeRequest{Cluster: "ci", Name: "ci-abc", CPUs: 1, MemoryMiB: 1024, MaxPods: 110, Labels: map[string]string{"x": "y"}}
+	id, err := m.Identity(context.Background(), req, net.ParseIP("10.250.3.2"), "02:00:00:00:00:01")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^[a-z0-9]{6}\.[a-z0-9]{16}$`).MatchString(id.BootstrapToken) {
+		t.Errorf("token %q is not a bootstrap token", id.BootstrapToken)
+	}
+	if id.Address != "10.250.3.2/24" || id.Gateway != "10.250.3.1" || id.ClusterDNS != "10.251.0.10" || id.ProviderID != "socialweb://ci/ci-abc" {
+		t.Errorf("identity = %+v", id)
+	}
+	secrets, _ := kube.CoreV1().Secrets(metav1.NamespaceSystem).List(context.Background(), metav1.ListOptions{})
+	if len(secrets.Items) != 1 {
+		t.Fatalf("%d secrets, want 1", len(secrets.Items))
+	}
+	s := secrets.Items[0]
+	if s.Name != "bootstrap-token-"+id.BootstrapToken[:6] || s.StringData["expiration"] != "2026-11-30T12:10:00Z" || s.StringData["auth-extra-groups"] != BootstrapGroup {
+		t.Errorf("token secret = %s %+v", s.Name, s.StringData)
+	}
+	id2, _ := m.Identity(context.Background(), req, net.ParseIP("10.250.3.3"), "")
+	if id2.BootstrapToken == id.BootstrapToken {
+		t.Error("two nodes got the same token")
+	}
+}
