@@ -47,7 +47,7 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 	log.Info("datastore up", "elapsed", time.Since(start).Round(time.Millisecond))
 
 	done := make(chan error, 3)
-	go func() { done <- wrap(APIServer, runAPIServer(ctx, c)) }()
+	go func() { done <- wrap(APIServer, runAPIServer(ctx, c, log)) }()
 	if err := waitReady(ctx, c, done); err != nil {
 		return err
 	}
@@ -126,11 +126,20 @@ func parse(name string, sets cliflag.NamedFlagSets, args []string) error {
 	return nil
 }
 
-func runAPIServer(ctx context.Context, c Config) error {
+func runAPIServer(ctx context.Context, c Config, log *slog.Logger) error {
 	s := apiserveroptions.NewServerRunOptions()
 	if err := parse("kube-apiserver", s.Flags(), apiserverArgs(c)); err != nil {
 		return err
 	}
+	gateway := ""
+	if c.Tenant {
+		gateway = c.AdvertiseAddress
+	}
+	l, err := listenDual(c.Port, gateway, log)
+	if err != nil {
+		return fmt.Errorf("listening on port %d: %w", c.Port, err)
+	}
+	s.SecureServing.Listener = l
 	if err := s.GenericServerRunOptions.ComponentGlobalsRegistry.Set(); err != nil {
 		return err
 	}
