@@ -85,7 +85,9 @@ func TestControllers(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, kube, &Cloud{Cluster: "ci", Machines: ms}, Options{MonitorPeriod: 200 * time.Millisecond}) }()
+	go func() {
+		done <- Run(ctx, kube, &Cloud{Cluster: "ci", Machines: ms}, Options{MonitorPeriod: 200 * time.Millisecond})
+	}()
 	livetest.Eventually(t, 20*time.Second, 100*time.Millisecond, "the new node to be initialised", func() bool {
 		n, err := kube.CoreV1().Nodes().Get(ctx, "ci-a", metav1.GetOptions{})
 		if err != nil || len(n.Spec.Taints) != 0 || n.Spec.ProviderID != "socialweb://ci/ci-a" {

@@ -47,6 +47,8 @@ type Options struct {
 	Datastore      string
 	APIPort        int
 	PortRange      string
+	NetworkRange   string
+	NodeNetwork    bool
 	MetricsAddress string
 	Executable     string
 	Defaults       provider.Defaults
@@ -57,8 +59,9 @@ type Options struct {
 // validated is Options after every check that can fail without side effects.
 type validated struct {
 	Options
-	ports lease.Range
-	store datastore.Store
+	ports    lease.Range
+	networks lease.Range
+	store    datastore.Store
 }
 
 // Validate checks everything that can be checked before anything is
@@ -79,6 +82,12 @@ func Validate(ctx context.Context, o Options) (validated, error) {
 		return v, fmt.Errorf("--api-port %d lies inside --port-range %s: pick a port outside the tenant range", o.APIPort, r)
 	}
 	v.ports = r
+	if v.networks, err = lease.ParseRange(o.NetworkRange); err != nil {
+		return v, fmt.Errorf("--network-range: %w", err)
+	}
+	if v.networks.Hi > nodenet.MaxIndex {
+		return v, fmt.Errorf("--network-range %s: the highest network index is %d", v.networks, nodenet.MaxIndex)
+	}
 	if o.Defaults.MaxNodes < 0 || o.Defaults.NodeCPUs < 1 || o.Defaults.PodsPerNode < 1 || o.Defaults.Hold < 0 || o.Defaults.NodeMemory.Sign() <= 0 {
 		return v, errors.New("cluster defaults must be positive: max nodes >= 0, node cpus >= 1, pods per node >= 1, hold >= 0, node memory > 0")
 	}
@@ -145,13 +154,18 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		}
 	}
 
+	var networks provider.Networks
+	if v.NodeNetwork {
+		networks = nodenet.NewManager(nil, log.With("component", "nodenet"))
+	}
 	prov = provider.New(provider.Config{
-		StateDir:   v.StateDir,
-		Executable: v.Executable,
-		Ports:      v.ports,
-		Networks:   lease.Range{Lo: 1, Hi: nodenet.MaxIndex},
-		Defaults:   v.Defaults,
-		Env:        v.ControlPlaneEnv,
+		NodeNetworks: networks,
+		StateDir:     v.StateDir,
+		Executable:   v.Executable,
+		Ports:        v.ports,
+		Networks:     v.networks,
+		Defaults:     v.Defaults,
+		Env:          v.ControlPlaneEnv,
 	}, log.With("component", "provider"), dyn, kube, v.store, sup)
 	reg.MustRegister(prov.Collector())
 	log.Info("serving", "managementAPI", restCfg.Host, "kubeconfig", mgmt, "datastore", v.store.Describe(), "portRange", v.ports.String())

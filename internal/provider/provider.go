@@ -52,6 +52,17 @@ type Config struct {
 	Defaults   Defaults
 	// Env is added to each control-plane process's environment (GOGC...).
 	Env []string
+	// Networks makes each cluster's node network; nil leaves clusters
+	// without one (loopback only, no nodes).
+	NodeNetworks Networks
+}
+
+// Networks is the part of nodenet.Manager the provider uses.
+type Networks interface {
+	// Ensure creates the cluster's bridge, addresses and rules; idempotent.
+	Ensure(ctx context.Context, cluster string, plan nodenet.Plan) error
+	// Remove deletes them; removing what is gone is not an error.
+	Remove(ctx context.Context, cluster string, plan nodenet.Plan) error
 }
 
 // Provider reconciles Cluster objects. Run it once.
@@ -285,7 +296,11 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 				log.Error("provision failed", "err", perr)
 			}
 		case OpStart:
-			p.start(c)
+			// The bridge is made before every start, not only at provision:
+			// a host reboot loses it while the cluster's files remain.
+			if err = p.ensureNetwork(ctx, c.Name, *obs.Lease); err == nil {
+				p.start(c)
+			}
 		case OpStop:
 			p.sup.Stop(ProcessName(c.Name), 10*time.Second)
 			p.forgetProbe(c.Name)
@@ -430,7 +445,29 @@ func (p *Provider) start(c *v1.Cluster) {
 	})
 }
 
+func (p *Provider) ensureNetwork(ctx context.Context, cluster string, l lease.Lease) error {
+	if p.cfg.NodeNetworks == nil {
+		return nil
+	}
+	plan, err := nodenet.ForIndex(l.Network)
+	if err != nil {
+		return err
+	}
+	return p.cfg.NodeNetworks.Ensure(ctx, cluster, plan)
+}
+
 func (p *Provider) removeData(ctx context.Context, c *v1.Cluster) error {
+	if l, err := p.leases.Get(ctx, c.Name); err != nil {
+		return err
+	} else if l != nil && p.cfg.NodeNetworks != nil {
+		plan, err := nodenet.ForIndex(l.Network)
+		if err != nil {
+			return err
+		}
+		if err := p.cfg.NodeNetworks.Remove(ctx, c.Name, plan); err != nil {
+			return err
+		}
+	}
 	dir := ClusterDir(p.cfg.StateDir, c.Name)
 	if err := p.store.Remove(ctx, c.Name, dir); err != nil {
 		return err

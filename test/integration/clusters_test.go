@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -239,7 +241,18 @@ func TestDeleteReleasesPortAndFiles(t *testing.T) {
 		t.Fatalf("a refused create left files: %v", err)
 	}
 
+	gw := net.ParseIP(d.cluster("solo").Status.Gateway).To4()
+	bridge := fmt.Sprintf("swb%d", gw[2])
+	if err := exec.Command("ip", "link", "show", bridge).Run(); err != nil {
+		t.Errorf("cluster bridge %s missing while the cluster exists: %v", bridge, err)
+	}
 	d.mustCLI("cluster", "delete", "solo", "--wait")
+	if err := exec.Command("ip", "link", "show", bridge).Run(); err == nil {
+		t.Errorf("cluster bridge %s left after delete", bridge)
+	}
+	if out, _ := exec.Command("nft", "list", "tables").Output(); strings.Contains(string(out), fmt.Sprintf("socialweb-%d\n", gw[2])) {
+		t.Errorf("nftables table socialweb-%d left after delete", gw[2])
+	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("cluster dir left after delete: %v", err)
 	}

@@ -92,6 +92,17 @@ func newDaemon(t *testing.T, ports int, extra ...string) *daemon {
 	}
 	d.logPath = filepath.Join(t.TempDir(), "daemon.log")
 	t.Cleanup(func() {
+		// Delete what is left, so the host keeps no bridges or rules.
+		if d.running() {
+			out, _, _ := d.cli("cluster", "list")
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+				if f := strings.Fields(line); len(f) > 0 {
+					if _, errOut, code := d.cli("cluster", "delete", f[0], "--wait"); code != 0 {
+						t.Errorf("cleanup: deleting %s: %s", f[0], errOut)
+					}
+				}
+			}
+		}
 		d.stop(syscall.SIGTERM)
 		if t.Failed() {
 			b, _ := os.ReadFile(d.logPath)
@@ -104,7 +115,7 @@ func newDaemon(t *testing.T, ports int, extra ...string) *daemon {
 
 func (d *daemon) args() []string {
 	return append([]string{"serve", "--state-dir", d.stateDir, "--api-port", strconv.Itoa(d.apiPort),
-		"--port-range", d.portRange, "--metrics-address", ""}, d.extra...)
+		"--port-range", d.portRange, "--network-range", "1-150", "--metrics-address", ""}, d.extra...)
 }
 
 // start runs the daemon and waits until its management API answers.
@@ -135,6 +146,18 @@ func (d *daemon) start() {
 		if time.Now().After(deadline) {
 			d.t.Fatal("management API did not come up in 3m")
 		}
+	}
+}
+
+func (d *daemon) running() bool {
+	if d.cmd == nil {
+		return false
+	}
+	select {
+	case <-d.exited:
+		return false
+	default:
+		return true
 	}
 }
 

@@ -1,0 +1,59 @@
+// Package registry is the host-side OCI registry every node's containerd pulls from: no
+// node reaches a real registry, so images are built or imported on the host and served
+// from here, and a large image crosses to the host once, not once per microVM.
+//
+// It speaks the part of the OCI distribution API containerd uses to pull (GET /v2/,
+// HEAD/GET manifests by tag or digest, HEAD/GET blobs with Range), the push API (POST,
+// PATCH and PUT uploads, monolithic POST ?digest=, cross-repository mount, PUT manifests),
+// tags/list, _catalog (both with n/last pagination) and DELETE of tags and manifests.
+// Errors are OCI error documents with the spec's codes. Manifest media types: OCI image
+// manifest and index, Docker schema2 manifest and manifest list. There is no
+// authentication: serve it only on loopback and the clusters' gateway addresses.
+//
+// # Names: one registry, a mirror of every registry
+//
+// A node's containerd has certs.d/_default/hosts.toml pointing every registry at this
+// server (capabilities pull and resolve). containerd then keeps the repository path of
+// the reference and names the original registry in a ns query parameter:
+//
+//	docker.io/library/busybox:stable  ->  GET /v2/library/busybox/manifests/stable?ns=docker.io
+//	registry.k8s.io/pause:3.10        ->  GET /v2/pause/manifests/3.10?ns=registry.k8s.io
+//
+// Repositories are stored under a canonical name, the fully qualified name of the
+// reference:
+//
+//   - with ?ns=R: R/path (index.docker.io and registry-1.docker.io are docker.io; a
+//     one-component docker.io path gets library/). The two requests above are
+//     docker.io/library/busybox and registry.k8s.io/pause.
+//   - without ns (a client talking to this registry by its own address, e.g. a push to
+//     localhost:5000/foo:1): when the first path component is a registry host (has a dot
+//     or a port, or is localhost), the rest is that registry's repository, so a push to
+//     localhost:5000/docker.io/library/busybox:stable fills the docker.io mirror;
+//     otherwise the name is a local repository and is kept as is ("foo").
+//   - a ns that names this registry itself (localhost, 127.0.0.1, ::1, Server.SelfHosts;
+//     any port) is treated as no ns.
+//
+// Import and List use the same canonical names; Import accepts references the way
+// containerd writes them ("busybox" is docker.io/library/busybox:latest,
+// "localhost:5000/foo:1" is the local "foo"). _catalog lists canonical names.
+//
+// Blobs are global, not per repository: any name serves any blob it is asked for by
+// digest. Manifests are per repository (a manifest pushed to one name is not served by
+// another unless tagged or linked there; an index links the manifests it lists).
+//
+// # Storage
+//
+//	<Dir>/blobs/sha256/<hex>                                        every blob, manifests included
+//	<Dir>/repositories/<name>/_manifests/tags/<tag>                 "sha256:<hex>\n"
+//	<Dir>/repositories/<name>/_manifests/revisions/sha256/<hex>     the manifest's media type
+//	<Dir>/uploads/                                                  upload sessions, temp files, import staging
+//
+// <name> is the canonical name, slashes as directories (a name component cannot start
+// with "_", so _manifests never collides with one). Every write goes to a temp file in
+// uploads/, is synced, and is renamed into place; blob and manifest content is hashed
+// and checked against its digest first. Readers therefore see complete files only, and
+// several processes (the daemon serving, a CLI importing) may share one Dir. Upload
+// sessions live in the serving process's memory; files in uploads/ older than a day are
+// removed when a Server starts. Nothing is garbage-collected: deleting a tag leaves its
+// blobs.
+package registry

@@ -1,0 +1,494 @@
+package registry
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Server is the host-side OCI registry. The zero value is not usable: set Dir.
+type Server struct {
+	// Dir holds the content store (created if missing).
+	Dir string
+	// Logger receives one line per request (Debug; Info for 4xx, Error for 5xx).
+	// Default slog.Default().
+	Logger *slog.Logger
+	// SelfHosts are extra host names or addresses (port ignored) that mean this registry
+	// when containerd sends them as ?ns= (localhost, 127.0.0.1 and ::1 always do): a
+	// reference to one of them is a local repository, not a mirrored one.
+	SelfHosts []string
+
+	once    sync.Once
+	initErr error
+	st      *store
+	names   names
+	log     *slog.Logger
+}
+
+func (s *Server) init() error {
+	s.once.Do(func() {
+		s.log = s.Logger
+		if s.log == nil {
+			s.log = slog.Default()
+		}
+		s.names = newNames(s.SelfHosts)
+		s.st, s.initErr = openStore(s.Dir, s.log)
+	})
+	return s.initErr
+}
+
+// Handler returns the registry's HTTP handler (everything under /v2/).
+func (s *Server) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &recorder{ResponseWriter: w, status: http.StatusOK}
+		if err := s.init(); err != nil {
+			writeError(rec, err)
+		} else {
+			s.serve(rec, r)
+		}
+		attrs := []any{"method", r.Method, "path", r.URL.Path, "status", rec.status, "bytes", rec.bytes, "duration", time.Since(start).Round(time.Microsecond)}
+		if ns := r.URL.Query().Get("ns"); ns != "" {
+			attrs = append(attrs, "ns", ns)
+		}
+		switch {
+		case rec.status >= 500:
+			s.log.Error("registry request failed", append(attrs, "error", rec.errMsg)...)
+		case rec.status >= 400:
+			s.log.Info("registry request rejected", append(attrs, "error", rec.errMsg)...)
+		default:
+			s.log.Debug("registry request", attrs...)
+		}
+	})
+}
+
+// ListenAndServe serves the registry on addr (host:port) until ctx is done, then shuts
+// down gracefully (in-flight pulls get 5s) and returns nil.
+func (s *Server) ListenAndServe(ctx context.Context, addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("registry: %w", err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve is ListenAndServe on a listener the caller opened.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if err := s.init(); err != nil {
+		ln.Close()
+		return err
+	}
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 30 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-ctx.Done():
+		case <-done:
+			return
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if srv.Shutdown(sctx) != nil {
+			srv.Close()
+		}
+	}()
+	s.log.Info("registry listening", "address", ln.Addr().String(), "dir", s.Dir)
+	err := srv.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		<-done
+		return nil
+	}
+	srv.Close()
+	return err
+}
+
+type recorder struct {
+	http.ResponseWriter
+	status      int
+	bytes       int64
+	wroteHeader bool
+	errMsg      string
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if !r.wroteHeader {
+		r.status, r.wroteHeader = code, true
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if !r.wroteHeader {
+		r.wroteHeader = true
+	}
+	n, err := r.ResponseWriter.Write(b)
+	r.bytes += int64(n)
+	return n, err
+}
+
+// ReadFrom keeps the underlying writer's sendfile path for blob downloads.
+func (r *recorder) ReadFrom(src io.Reader) (int64, error) {
+	r.wroteHeader = true
+	var n int64
+	var err error
+	if rf, ok := r.ResponseWriter.(io.ReaderFrom); ok {
+		n, err = rf.ReadFrom(src)
+	} else {
+		n, err = io.Copy(struct{ io.Writer }{r.ResponseWriter}, src)
+	}
+	r.bytes += n
+	return n, err
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// fail writes err as an OCI error response and notes it for the request log.
+func fail(w http.ResponseWriter, err error) {
+	if rec, ok := w.(*recorder); ok {
+		rec.errMsg = err.Error()
+	}
+	writeError(w, err)
+}
+
+// route is a parsed /v2/ request path.
+type route struct {
+	kind     string // "base", "catalog", "tags", "manifest", "blob", "upload"
+	pathName string // the name as it appears in the path
+	ref      string // tag or digest (manifest), digest (blob), session id (upload)
+}
+
+func parseRoute(method, p string) (route, bool) {
+	if p == "/v2" || p == "/v2/" {
+		return route{kind: "base"}, true
+	}
+	rest, ok := strings.CutPrefix(p, "/v2/")
+	if !ok {
+		return route{}, false
+	}
+	if rest == "_catalog" {
+		return route{kind: "catalog"}, true
+	}
+	seg := strings.Split(rest, "/")
+	n := len(seg)
+	join := func(k int) string { return strings.Join(seg[:k], "/") }
+	switch {
+	case n >= 3 && seg[n-2] == "tags" && seg[n-1] == "list":
+		return route{"tags", join(n - 2), ""}, true
+	case n >= 4 && seg[n-3] == "blobs" && seg[n-2] == "uploads":
+		return route{"upload", join(n - 3), seg[n-1]}, true
+	case n >= 3 && seg[n-2] == "blobs" && seg[n-1] == "uploads" && method == http.MethodPost:
+		return route{"upload", join(n - 2), ""}, true
+	case n >= 3 && seg[n-2] == "manifests":
+		return route{"manifest", join(n - 2), seg[n-1]}, true
+	case n >= 3 && seg[n-2] == "blobs":
+		return route{"blob", join(n - 2), seg[n-1]}, true
+	}
+	return route{}, false
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+	rt, ok := parseRoute(r.Method, r.URL.Path)
+	if !ok {
+		writeJSON(w, http.StatusNotFound, errorBody{[]errorEntry{{Code: "NOT_FOUND", Message: "no such endpoint: " + r.URL.Path}}})
+		return
+	}
+	switch rt.kind {
+	case "base":
+		if !isRead(r.Method) {
+			fail(w, errf(errUnsupported, "%s /v2/ is not supported", r.Method))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "3")
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "{}\n")
+		return
+	case "catalog":
+		if !isRead(r.Method) {
+			fail(w, errf(errUnsupported, "%s /v2/_catalog is not supported", r.Method))
+			return
+		}
+		repos, err := s.st.catalog()
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		s.paginate(w, r, "/v2/_catalog", repos, func(page []string) any {
+			return map[string][]string{"repositories": page}
+		})
+		return
+	}
+	ns := r.URL.Query().Get("ns")
+	name, err := s.names.repo(ns, rt.pathName)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	switch rt.kind {
+	case "tags":
+		if !isRead(r.Method) {
+			fail(w, errf(errUnsupported, "%s on tags is not supported", r.Method))
+			return
+		}
+		tags, err := s.st.tags(name)
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		s.paginate(w, r, "/v2/"+rt.pathName+"/tags/list", tags, func(page []string) any {
+			return struct {
+				Name string   `json:"name"`
+				Tags []string `json:"tags"`
+			}{rt.pathName, page}
+		})
+	case "manifest":
+		s.manifest(w, r, name, rt)
+	case "blob":
+		s.blob(w, r, rt)
+	case "upload":
+		s.upload(w, r, name, rt, ns)
+	}
+}
+
+func isRead(m string) bool { return m == http.MethodGet || m == http.MethodHead }
+
+// paginate writes a list response with the spec's n/last pagination and Link header.
+func (s *Server) paginate(w http.ResponseWriter, r *http.Request, path string, all []string, body func([]string) any) {
+	q := r.URL.Query()
+	page := all
+	if last := q.Get("last"); last != "" {
+		i := sort.SearchStrings(page, last)
+		if i < len(page) && page[i] == last {
+			i++
+		}
+		page = page[i:]
+	}
+	if ns := q.Get("n"); ns != "" {
+		n, err := strconv.Atoi(ns)
+		if err != nil || n < 0 {
+			fail(w, errf(errPaginationInvalid, "invalid n=%q", ns))
+			return
+		}
+		if n < len(page) {
+			page = page[:n]
+			if n > 0 {
+				v := url.Values{"n": {ns}, "last": {page[n-1]}}
+				if q.Has("ns") {
+					v.Set("ns", q.Get("ns"))
+				}
+				w.Header().Set("Link", fmt.Sprintf(`<%s?%s>; rel="next"`, path, v.Encode()))
+			}
+		}
+	}
+	if page == nil {
+		page = []string{}
+	}
+	writeJSON(w, http.StatusOK, body(page))
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, _ := json.Marshal(v)
+	b = append(b, '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+func (s *Server) manifest(w http.ResponseWriter, r *http.Request, name string, rt route) {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		content, mt, digest, err := s.st.getManifest(name, rt.ref)
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		h := w.Header()
+		h.Set("Content-Type", mt)
+		h.Set("Docker-Content-Digest", digest)
+		h.Set("ETag", `"`+digest+`"`)
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(content))
+	case http.MethodPut:
+		content, err := io.ReadAll(io.LimitReader(r.Body, maxManifestSize+1))
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		digest, _, err := s.st.putManifest(name, rt.ref, content, r.Header.Get("Content-Type"), false)
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		w.Header().Set("Location", "/v2/"+rt.pathName+"/manifests/"+digest)
+		w.Header().Set("Docker-Content-Digest", digest)
+		w.Header().Set("Content-Length", "0")
+		w.WriteHeader(http.StatusCreated)
+	case http.MethodDelete:
+		if err := s.st.deleteManifest(name, rt.ref); err != nil {
+			fail(w, err)
+			return
+		}
+		w.Header().Set("Content-Length", "0")
+		w.WriteHeader(http.StatusAccepted)
+	default:
+		fail(w, errf(errUnsupported, "%s on a manifest is not supported", r.Method))
+	}
+}
+
+// blob serves a blob. Blobs are global (content-addressed, shared by every repository),
+// so any repository name serves any blob: pulls through the mirror never miss a layer
+// another name pushed.
+func (s *Server) blob(w http.ResponseWriter, r *http.Request, rt route) {
+	if !isRead(r.Method) {
+		fail(w, errf(errUnsupported, "%s on a blob is not supported", r.Method))
+		return
+	}
+	f, err := s.st.openBlob(rt.ref)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	defer f.Close()
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Docker-Content-Digest", rt.ref)
+	h.Set("ETag", `"`+rt.ref+`"`)
+	h.Set("Cache-Control", "max-age=31536000")
+	http.ServeContent(w, r, "", time.Time{}, f)
+}
+
+func (s *Server) upload(w http.ResponseWriter, r *http.Request, name string, rt route, ns string) {
+	q := r.URL.Query()
+	location := func(id string) string {
+		l := "/v2/" + rt.pathName + "/blobs/uploads/" + id
+		if ns != "" {
+			l += "?" + url.Values{"ns": {ns}}.Encode()
+		}
+		return l
+	}
+	created := func(digest string) {
+		w.Header().Set("Location", "/v2/"+rt.pathName+"/blobs/"+digest)
+		w.Header().Set("Docker-Content-Digest", digest)
+		w.Header().Set("Content-Length", "0")
+		w.WriteHeader(http.StatusCreated)
+	}
+	progress := func(u *upload, status int) {
+		w.Header().Set("Location", location(u.id))
+		w.Header().Set("Docker-Upload-UUID", u.id)
+		end := u.size - 1
+		if end < 0 {
+			end = 0
+		}
+		w.Header().Set("Range", fmt.Sprintf("0-%d", end))
+		w.Header().Set("Content-Length", "0")
+		w.WriteHeader(status)
+	}
+	if rt.ref == "" {
+		if r.Method != http.MethodPost {
+			fail(w, errf(errUnsupported, "%s on blob uploads is not supported", r.Method))
+			return
+		}
+		if d := q.Get("mount"); d != "" {
+			if _, err := s.st.statBlob(d); err == nil {
+				created(d) // blobs are global: mounting from any repository is a no-op
+				return
+			}
+		}
+		if d := q.Get("digest"); d != "" {
+			if _, _, err := s.st.writeBlob(r.Body, d); err != nil {
+				fail(w, err)
+				return
+			}
+			created(d)
+			return
+		}
+		u, err := s.st.startUpload(name)
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		progress(u, http.StatusAccepted)
+		return
+	}
+	u, err := s.st.getUpload(name, rt.ref)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	defer u.mu.Unlock()
+	switch r.Method {
+	case http.MethodGet:
+		progress(u, http.StatusNoContent)
+	case http.MethodPatch, http.MethodPut:
+		expect := int64(-1)
+		if cr := r.Header.Get("Content-Range"); cr != "" {
+			start, end, ok := parseContentRange(cr)
+			if !ok || start != u.size {
+				w.Header().Set("Range", fmt.Sprintf("0-%d", max(u.size-1, 0)))
+				fail(w, errf(errRangeInvalid, "Content-Range %q does not continue the upload at offset %d", cr, u.size))
+				return
+			}
+			expect = end - start + 1
+		}
+		if err := s.st.appendUpload(u, r.Body, expect); err != nil {
+			fail(w, err)
+			return
+		}
+		if r.Method == http.MethodPatch {
+			progress(u, http.StatusAccepted)
+			return
+		}
+		d := q.Get("digest")
+		if d == "" {
+			fail(w, errf(errDigestInvalid, "PUT to finish an upload needs ?digest="))
+			return
+		}
+		if err := s.st.finishUpload(u, d); err != nil {
+			fail(w, err)
+			return
+		}
+		created(d)
+	case http.MethodDelete:
+		s.st.endUpload(u, true)
+		w.Header().Set("Content-Length", "0")
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		fail(w, errf(errUnsupported, "%s on a blob upload is not supported", r.Method))
+	}
+}
+
+// parseContentRange parses "start-end" (what Docker and the OCI spec send), also with a
+// "bytes " prefix or "bytes=".
+func parseContentRange(s string) (int64, int64, bool) {
+	s = strings.TrimPrefix(strings.TrimPrefix(strings.TrimSpace(s), "bytes"), "=")
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '/'); i >= 0 {
+		s = s[:i]
+	}
+	a, b, ok := strings.Cut(s, "-")
+	if !ok {
+		return 0, 0, false
+	}
+	start, err1 := strconv.ParseInt(a, 10, 64)
+	end, err2 := strconv.ParseInt(b, 10, 64)
+	if err1 != nil || err2 != nil || start < 0 || end < start {
+		return 0, 0, false
+	}
+	return start, end, true
+}
