@@ -4,9 +4,10 @@
 //   - pause (registry.k8s.io/pause:3.10): one static binary, /pause, built from the Go
 //     program in ./pause (CGO_ENABLED=0 with the host's Go toolchain). It sleeps until
 //     SIGTERM or SIGINT and reaps zombies, like the upstream C program. Go rather than
-//     busybox because busybox has no applet that both ignores nothing and reaps as PID 1,
-//     and a Go toolchain is already what socialweb is built with. Entrypoint ["/pause"],
-//     User 65535:65535 like upstream.
+//     busybox: no busybox applet exits on SIGTERM as PID 1 and reaps, a shell loop would
+//     need a 1 MB busybox plus a script, and the Go toolchain is already on any host that
+//     builds socialweb (Options.Go names it). Entrypoint ["/pause"], User 65535:65535,
+//     like upstream.
 //   - busybox (docker.io/library/busybox:stable and :latest): Debian's busybox-static,
 //     fetched with apt-get download and unpacked with dpkg-deb -x (it need not be
 //     installed on the host); one layer with /bin/busybox, a /bin symlink per applet

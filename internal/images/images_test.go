@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 	"github.com/socialweb-computer/socialweb/internal/registry"
+	"github.com/socialweb-computer/socialweb/internal/registry/registrytest"
 )
 
 type tlogWriter struct{ t testing.TB }
@@ -523,4 +525,67 @@ func TestBuildUnknown(t *testing.T) {
 	if _, _, err := Build(context.Background(), "nginx", testOpts(t, t.TempDir())); err == nil || !strings.Contains(err.Error(), "unknown image") {
 		t.Errorf("Build(nginx): %v", err)
 	}
+}
+
+// TestContainerdRun pulls the built pause and busybox images through a real containerd
+// mirrored to the registry and runs them (skipped unless containerd and ctr are around:
+// set SOCIALWEB_CONTAINERD_DIR to a node rootfs's usr/bin).
+func TestContainerdRun(t *testing.T) {
+	needBusybox(t)
+	ctx := context.Background()
+	s := &registry.Server{Dir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(tlogWriter{t}, nil))}
+	for _, name := range []string{Pause, Busybox} {
+		p, _, err := Build(ctx, name, testOpts(t, sharedCache()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Import(ctx, f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(sctx, ln) }()
+	defer func() { cancel(); <-served }()
+
+	c := registrytest.Start(t, ln.Addr().String())
+	c.Pull(t, "docker.io/library/busybox:stable")
+	c.Pull(t, "registry.k8s.io/pause:3.10")
+
+	out, err := c.Run("run", "--rm", "--snapshotter", "native", "docker.io/library/busybox:stable", "sw-busybox",
+		"sh", "-c", "echo hello from $(readlink /bin/sh); id -u; test -d /tmp && echo tmp")
+	if err != nil {
+		livetest.Skip(t, fmt.Sprintf("cannot run containers here (ctr run: %v: %s)", err, out))
+	}
+	t.Logf("busybox container printed %q", out)
+	if got := strings.Fields(out); !reflect.DeepEqual(got, []string{"hello", "from", "busybox", "0", "tmp"}) {
+		t.Errorf("busybox printed %q", out)
+	}
+
+	if out, err := c.Run("run", "-d", "--snapshotter", "native", "registry.k8s.io/pause:3.10", "sw-pause"); err != nil {
+		t.Fatalf("ctr run pause: %v: %s", err, out)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if out, _ := c.Run("tasks", "ls"); !strings.Contains(out, "RUNNING") {
+		t.Fatalf("pause is not running:\n%s", out)
+	}
+	c.Run("tasks", "kill", "-s", "SIGTERM", "sw-pause")
+	livetest.Eventually(t, 10*time.Second, 100*time.Millisecond, "pause to stop on SIGTERM", func() bool {
+		out, _ := c.Run("tasks", "ls")
+		return strings.Contains(out, "STOPPED")
+	})
+	if out, err := c.Run("tasks", "delete", "sw-pause"); err != nil {
+		t.Errorf("pause exited with an error after SIGTERM: %v %s", err, out)
+	}
+	c.Run("containers", "delete", "sw-pause")
 }

@@ -66,6 +66,8 @@ func (s *Server) Handler() http.Handler {
 		switch {
 		case rec.status >= 500:
 			s.log.Error("registry request failed", append(attrs, "error", rec.errMsg)...)
+		case rec.status == http.StatusNotFound && r.Method == http.MethodHead:
+			s.log.Debug("registry request", attrs...) // existence checks before a push
 		case rec.status >= 400:
 			s.log.Info("registry request rejected", append(attrs, "error", rec.errMsg)...)
 		default:
