@@ -253,7 +253,13 @@ func startBaseline(ctx context.Context, binDir, dir string, port int) (*baseline
 	}
 	t.procs = append(t.procs, etcd)
 	api, cm, sched := controlplane.ComponentArgs(cfg)
-	api = append(api, "--etcd-servers="+etcdURL)
+	// Same flags, etcd instead of kine. (--etcd-servers is a list flag:
+	// a second occurrence would add to it, not replace it.)
+	for i, a := range api {
+		if strings.HasPrefix(a, "--etcd-servers=") {
+			api[i] = "--etcd-servers=" + etcdURL
+		}
+	}
 	a, err := runLogged(dir, "kube-apiserver", filepath.Join(binDir, "kube-apiserver"), api...)
 	if err != nil {
 		return nil, err
