@@ -1,0 +1,87 @@
+package qemu
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/socialweb-computer/socialweb/internal/nodeimage"
+)
+
+// launch is everything one qemu command line is made of.
+type launch struct {
+	Name         string
+	Accel        Accel // kvm or tcg
+	CPUs         int64
+	MemoryMiB    int64
+	Kernel       string
+	Initrd       string
+	Cmdline      string // the full kernel command line (see kernelCmdline)
+	Rootfs       string // -> /dev/vda, read-write
+	IdentityDisk string // -> /dev/vdb, read-only
+	Tap          string
+	MAC          string
+	Console      string // serial console file
+	QMP          string // QMP unix socket
+}
+
+// args is qemu's argument list (without the binary). Device order matters: microvm puts
+// virtio-mmio devices on transports in command-line order and the guest kernel names the
+// disks in that order, so the root disk is /dev/vda and the identity disk /dev/vdb. The
+// serial numbers let a guest find them by role as well (/sys/block/vd*/serial).
+func (l launch) args() []string {
+	a := []string{
+		"-name", "guest=" + l.Name,
+		"-M", "microvm",
+	}
+	if l.Accel == AccelKVM {
+		a = append(a, "-accel", "kvm", "-cpu", "host")
+	} else {
+		a = append(a, "-accel", "tcg")
+	}
+	a = append(a,
+		"-smp", strconv.FormatInt(l.CPUs, 10),
+		"-m", strconv.FormatInt(l.MemoryMiB, 10),
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-serial", "file:"+l.Console,
+		"-qmp", "unix:"+l.QMP+",server=on,wait=off",
+		"-kernel", l.Kernel,
+		"-initrd", l.Initrd,
+		"-append", l.Cmdline,
+		"-drive", "id=root,file="+l.Rootfs+",format=raw,if=none,discard=unmap",
+		"-device", "virtio-blk-device,drive=root,serial=socialweb-root",
+		"-drive", "id=identity,file="+l.IdentityDisk+",format=raw,if=none,readonly=on",
+		"-device", "virtio-blk-device,drive=identity,serial=socialweb-identity",
+		"-netdev", "tap,id=net0,ifname="+l.Tap+",script=no,downscript=no",
+		"-device", "virtio-net-device,netdev=net0,mac="+l.MAC,
+	)
+	return a
+}
+
+// kernelCmdline is the image's command line, with socialweb.init= from the manifest if
+// the command line lacks it and, under TCG when the host's TSC rate is known,
+// tsc_early_khz=<rate> tsc=reliable.
+//
+// Under TCG microvm has no kvmclock, HPET or ACPI PM timer. tsc_early_khz= skips the TSC
+// calibration against the PIT, which fails on a loaded host and stalls the boot (see
+// nodeimage's boot test). tsc=reliable turns off the clocksource watchdog: without it the
+// guest compares the TSC (which under TCG follows the host clock) with jiffies (which
+// fall behind whenever the emulator is starved), marks the TSC unstable ("skew is too
+// large", observed here on every loaded boot) and keeps time with refined-jiffies, so the
+// node's clock drifts behind the host's -- bad for certificates and leases.
+func kernelCmdline(m *nodeimage.Manifest, accel Accel, tscKHz int64) string {
+	c := strings.TrimSpace(m.Cmdline)
+	has := func(k string) bool { return strings.Contains(" "+c, " "+k) }
+	if !has("socialweb.init=") && m.Init != "" {
+		c += " socialweb.init=" + m.Init
+	}
+	if accel == AccelTCG && tscKHz > 0 {
+		if !has("tsc_early_khz=") {
+			c += fmt.Sprintf(" tsc_early_khz=%d", tscKHz)
+		}
+		if !has("tsc=") {
+			c += " tsc=reliable"
+		}
+	}
+	return strings.TrimSpace(c)
+}

@@ -1,0 +1,413 @@
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/socialweb-computer/socialweb/internal/identity"
+	"github.com/socialweb-computer/socialweb/internal/nodeimage"
+	"github.com/socialweb-computer/socialweb/internal/nodenet"
+	"github.com/socialweb-computer/socialweb/internal/nodes"
+	"github.com/socialweb-computer/socialweb/internal/supervisor"
+)
+
+// instance is one node as this provider sees it. Fields other than rec.Process, proc,
+// done, exitErr and exitedAt are guarded by Provider.mu.
+type instance struct {
+	dir      string
+	rec      record
+	creating bool          // Create has not returned yet
+	deleting chan struct{} // non-nil while a Delete runs; closed when it ends
+	adopted  bool          // found running by Recover: not our child
+
+	proc     *os.Process   // our child (nil when adopted)
+	done     chan struct{} // closed once our child has been reaped (nil when adopted)
+	exitErr  error         // cmd.Wait's result; read only after done is closed
+	started  time.Time     // when our child was started
+	exitedAt time.Time
+}
+
+// alive reports whether the VM's qemu runs (or, during Create, may still come to run).
+func (in *instance) alive() bool {
+	if in.done != nil {
+		select {
+		case <-in.done:
+			return false
+		default:
+			return true
+		}
+	}
+	if in.rec.Process != nil {
+		return in.rec.Process.Alive()
+	}
+	return false
+}
+
+func (p *Provider) nodeDir(name string) string { return filepath.Join(p.cfg.StateDir, name) }
+
+// ready fails until Recover has run, and after Close.
+func (p *Provider) ready() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.closed:
+		return errors.New("qemu provider is closed")
+	case !p.recovered:
+		return errors.New("qemu provider: Recover has not run: call Recover(ctx) once at start, before Create, Delete or List")
+	}
+	return nil
+}
+
+// Create boots a node: it allocates the lowest free address of the cluster's node
+// subnet, clones the image's root disk, writes the identity disk, adds the tap and starts
+// qemu, returning once qemu reports the guest running (not booted, not joined). On error
+// everything it made is undone; if undoing fails, the node stays in List (Terminated) so
+// Delete can finish the job.
+func (p *Provider) Create(ctx context.Context, req nodes.NodeRequest) (nodes.Instance, error) {
+	t0 := time.Now()
+	if err := p.ready(); err != nil {
+		return nodes.Instance{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nodes.Instance{}, err
+	}
+	if err := p.Validate(req); err != nil {
+		return nodes.Instance{}, err
+	}
+	plan, err := p.deps.Plan(req.Cluster)
+	if err != nil {
+		return nodes.Instance{}, fmt.Errorf("node %s: network plan of cluster %s: %w", req.Name, req.Cluster, err)
+	}
+	if plan.NodeCIDR == nil || plan.Gateway == nil {
+		return nodes.Instance{}, fmt.Errorf("node %s: network plan of cluster %s is incomplete: build it with nodenet.ForIndex", req.Name, req.Cluster)
+	}
+	if err := p.checkSpace(); err != nil {
+		return nodes.Instance{}, err
+	}
+	inst, addr, err := p.reserve(req, plan)
+	if err != nil {
+		return nodes.Instance{}, err
+	}
+	log := p.log.With("cluster", req.Cluster, "node", req.Name)
+
+	var tapAdded bool
+	ok := false
+	defer func() {
+		if !ok {
+			p.undoCreate(inst, tapAdded)
+		}
+	}()
+
+	if err := writeRecord(inst.dir, inst.rec); err != nil {
+		return nodes.Instance{}, err
+	}
+	id, err := p.identity(ctx, req, plan, addr, inst.rec.MAC)
+	if err != nil {
+		return nodes.Instance{}, err
+	}
+	var disk bytes.Buffer
+	if err := identity.Encode(&disk, id); err != nil {
+		return nodes.Instance{}, fmt.Errorf("node %s: identity disk: %w", req.Name, err)
+	}
+	if err := os.WriteFile(filepath.Join(inst.dir, fileIdentity), disk.Bytes(), 0o600); err != nil {
+		return nodes.Instance{}, fmt.Errorf("node %s: writing identity disk: %w", req.Name, err)
+	}
+	tc := time.Now()
+	method, err := cloneFile(filepath.Join(p.imageDir, nodeimage.FileRootfs), filepath.Join(inst.dir, fileRootfs))
+	if err != nil {
+		return nodes.Instance{}, fmt.Errorf("node %s: cloning the root disk into %s: %w", req.Name, inst.dir, err)
+	}
+	cloneTook := time.Since(tc)
+
+	tapAdded = true // a failed AddTap may have made the tap; RemoveTap of a missing one is fine
+	tap, err := p.deps.Networks.AddTap(ctx, req.Cluster, plan, req.Name)
+	if err != nil {
+		return nodes.Instance{}, fmt.Errorf("node %s: adding its tap: %w", req.Name, err)
+	}
+	if tap.Name != inst.rec.Tap || (tap.MAC != nil && !strings.EqualFold(tap.MAC.String(), inst.rec.MAC)) {
+		// The record (and the identity disk) were written with nodenet's naming before
+		// the tap existed; a tap made differently would make them lie.
+		_ = p.deps.Networks.RemoveTap(context.WithoutCancel(ctx), tap.Name)
+		return nodes.Instance{}, fmt.Errorf("node %s: the network made tap %s (MAC %s), want %s (MAC %s) as nodenet.TapName and NodeMAC say",
+			req.Name, tap.Name, tap.MAC, inst.rec.Tap, inst.rec.MAC)
+	}
+
+	l := p.launchFor(inst)
+	ts := time.Now()
+	if err := p.start(inst, l); err != nil {
+		return nodes.Instance{}, fmt.Errorf("node %s: starting qemu: %w", req.Name, err)
+	}
+	if err := p.waitRunning(ctx, inst); err != nil {
+		return nodes.Instance{}, fmt.Errorf("node %s: %w", req.Name, err)
+	}
+	ok = true
+	p.mu.Lock()
+	inst.creating = false
+	p.mu.Unlock()
+	log.Info("node VM started", "address", inst.rec.Address, "tap", inst.rec.Tap, "pid", inst.rec.Process.PID,
+		"accel", p.accel, "rootfs", string(method), "clone", cloneTook.Round(time.Millisecond),
+		"qemuUp", time.Since(ts).Round(time.Millisecond), "took", time.Since(t0).Round(time.Millisecond))
+	return p.instanceView(inst, nodes.StateRunning), nil
+}
+
+func (p *Provider) instanceView(inst *instance, st nodes.State) nodes.Instance {
+	return nodes.Instance{
+		Cluster:    inst.rec.Request.Cluster,
+		Name:       inst.rec.Request.Name,
+		ProviderID: nodes.ProviderID(inst.rec.Request.Cluster, inst.rec.Request.Name),
+		Created:    inst.rec.Created,
+		State:      st,
+	}
+}
+
+// checkSpace fails when the state dir cannot hold one more full root disk: a node may
+// fill its clone up to the image's size, and running out of space shows up as a node
+// failing partway through a job (B7), not as an error anyone reads.
+func (p *Provider) checkSpace() error {
+	need := p.image.Files[nodeimage.FileRootfs].Size
+	free, err := freeBytes(p.cfg.StateDir)
+	if err != nil {
+		return fmt.Errorf("checking free space in qemu state dir %s: %w", p.cfg.StateDir, err)
+	}
+	if free < need {
+		return fmt.Errorf("qemu state dir %s has %d MiB free, less than one node's root disk (%d MiB, which a node may fill): free space there or use a state dir on a larger filesystem",
+			p.cfg.StateDir, free>>20, need>>20)
+	}
+	return nil
+}
+
+// reserve claims the name (in memory and as a directory) and the lowest free address
+// of the cluster's node subnet, over every node this provider has.
+func (p *Provider) reserve(req nodes.NodeRequest, plan nodenet.Plan) (*instance, net.IP, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.insts[req.Name]; ok {
+		return nil, nil, fmt.Errorf("node %s already exists: node names are never reused (make a new one with nodes.NewNodeName)", req.Name)
+	}
+	var inUse []net.IP
+	for _, in := range p.insts {
+		if ip := addressOf(in.rec.Address); ip != nil {
+			inUse = append(inUse, ip)
+		}
+	}
+	addr, err := nodenet.NodeIPAM{Plan: plan}.Next(inUse)
+	if err != nil {
+		return nil, nil, fmt.Errorf("node %s: %w", req.Name, err)
+	}
+	dir := p.nodeDir(req.Name)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, nil, fmt.Errorf("node %s: its directory %s already exists although no such node is known: node names are never reused; if it is a leftover, Recover removes it at start", req.Name, dir)
+		}
+		return nil, nil, fmt.Errorf("node %s: %w", req.Name, err)
+	}
+	ones, _ := plan.NodeCIDR.Mask.Size()
+	inst := &instance{dir: dir, creating: true, rec: record{
+		Version:  recordVersion,
+		Request:  req,
+		Address:  fmt.Sprintf("%s/%d", addr, ones),
+		Tap:      nodenet.TapName(plan.Index, req.Cluster, req.Name),
+		Bridge:   nodenet.BridgeName(plan.Index),
+		MAC:      nodenet.NodeMAC(req.Cluster, req.Name).String(),
+		ImageDir: p.imageDir,
+		Accel:    p.accel,
+		Created:  p.now(),
+	}}
+	p.insts[req.Name] = inst
+	return inst, addr, nil
+}
+
+// identity asks the Joiner for the node's identity and fills in, or checks, what the
+// provider knows.
+func (p *Provider) identity(ctx context.Context, req nodes.NodeRequest, plan nodenet.Plan, addr net.IP, mac string) (identity.Identity, error) {
+	id, err := p.deps.Joiner.Identity(ctx, req, addr, mac)
+	if err != nil {
+		return id, fmt.Errorf("node %s: making its identity: %w", req.Name, err)
+	}
+	ones, _ := plan.NodeCIDR.Mask.Size()
+	var errs []error
+	must := func(field *string, want, name string) {
+		switch {
+		case *field == "":
+			*field = want
+		case *field != want:
+			errs = append(errs, fmt.Errorf("%s is %q, want %q", name, *field, want))
+		}
+	}
+	if id.MAC != "" {
+		if hw, err := net.ParseMAC(id.MAC); err == nil {
+			id.MAC = hw.String()
+		}
+	}
+	must(&id.Cluster, req.Cluster, "cluster")
+	must(&id.NodeName, req.Name, "nodeName")
+	must(&id.ProviderID, nodes.ProviderID(req.Cluster, req.Name), "providerID")
+	must(&id.Address, fmt.Sprintf("%s/%d", addr, ones), "address")
+	must(&id.MAC, mac, "mac")
+	if id.Gateway == "" {
+		id.Gateway = plan.Gateway.String()
+	}
+	if id.DNS == "" {
+		id.DNS = plan.Gateway.String()
+	}
+	if id.ClusterDNS == "" && plan.DNSService != nil {
+		id.ClusterDNS = plan.DNSService.String()
+	}
+	if id.MaxPods == 0 {
+		id.MaxPods = req.MaxPods
+	}
+	if id.Labels == nil {
+		id.Labels = req.Labels
+	}
+	if err := errors.Join(errs...); err != nil {
+		return id, fmt.Errorf("node %s: the joiner's identity disagrees with the provider: %w", req.Name, err)
+	}
+	if err := id.Validate(); err != nil {
+		return id, fmt.Errorf("node %s: %w", req.Name, err)
+	}
+	return id, nil
+}
+
+func (p *Provider) launchFor(inst *instance) launch {
+	r := inst.rec
+	return launch{
+		Name:         r.Request.Name,
+		Accel:        p.accel,
+		CPUs:         r.Request.CPUs,
+		MemoryMiB:    r.Request.MemoryMiB,
+		Kernel:       filepath.Join(p.imageDir, nodeimage.FileKernel),
+		Initrd:       filepath.Join(p.imageDir, nodeimage.FileInitramfs),
+		Cmdline:      kernelCmdline(p.image, p.accel, p.host.TSCkHz),
+		Rootfs:       filepath.Join(inst.dir, fileRootfs),
+		IdentityDisk: filepath.Join(inst.dir, fileIdentity),
+		Tap:          r.Tap,
+		MAC:          r.MAC,
+		Console:      filepath.Join(inst.dir, fileConsole),
+		QMP:          sockName, // relative to qemu's working directory, the node dir
+	}
+}
+
+// start launches qemu in its own session (a terminal's signals to the daemon do not
+// reach it, and it outlives a daemon restart: see Recover), records its identity, and
+// reaps it in the background.
+func (p *Provider) start(inst *instance, l launch) error {
+	logf, err := os.OpenFile(filepath.Join(inst.dir, fileQemuLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(p.qemu, l.args()...)
+	cmd.Dir = inst.dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	logf.Close()
+	if err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	p.mu.Lock()
+	inst.proc, inst.done, inst.started = cmd.Process, done, time.Now()
+	p.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		inst.exitErr, inst.exitedAt = err, time.Now()
+		close(done)
+		p.log.Info("node VM exited", "node", l.Name, "pid", cmd.Process.Pid, "status", exitText(err))
+	}()
+	id, err := supervisor.Observe(cmd.Process.Pid)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		<-done
+		return fmt.Errorf("qemu exited at once (%s)%s", exitText(inst.exitErr), p.qemuSaid(inst))
+	}
+	return p.update(inst, func(r *record) { r.Process = &id })
+}
+
+// update changes inst's record under the lock and writes it.
+func (p *Provider) update(inst *instance, f func(*record)) error {
+	p.mu.Lock()
+	f(&inst.rec)
+	r := inst.rec
+	p.mu.Unlock()
+	return writeRecord(inst.dir, r)
+}
+
+// waitRunning waits until qemu's QMP socket reports the VM running.
+func (p *Provider) waitRunning(ctx context.Context, inst *instance) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.StartTimeout)
+	defer cancel()
+	var last error
+	for {
+		qctx, qcancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := qmpStatus(qctx, inst.dir)
+		qcancel()
+		if err == nil && st == "running" {
+			return nil
+		}
+		if err == nil {
+			err = fmt.Errorf("status %q", st)
+		}
+		last = err
+		select {
+		case <-inst.done:
+			return fmt.Errorf("qemu exited while starting (%s)%s", exitText(inst.exitErr), p.qemuSaid(inst))
+		case <-ctx.Done():
+			return fmt.Errorf("qemu did not report the VM running within %s (%v; last QMP answer: %v)%s",
+				p.cfg.StartTimeout, ctx.Err(), last, p.qemuSaid(inst))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// undoCreate removes everything a failed Create made. If the tap cannot be removed the
+// node stays known (Terminated, with its record) so that Delete can retry.
+func (p *Provider) undoCreate(inst *instance, tapAdded bool) {
+	name := inst.rec.Request.Name
+	if inst.proc != nil {
+		_ = inst.proc.Kill()
+		<-inst.done
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if tapAdded {
+		if err := p.deps.Networks.RemoveTap(ctx, inst.rec.Tap); err != nil {
+			p.log.Error("undoing a failed Create: removing the tap failed; the node stays listed so Delete can retry",
+				"node", name, "tap", inst.rec.Tap, "err", err)
+			p.mu.Lock()
+			inst.creating = false
+			p.mu.Unlock()
+			return
+		}
+	}
+	if err := os.RemoveAll(inst.dir); err != nil {
+		p.log.Error("undoing a failed Create: removing the node dir failed", "node", name, "dir", inst.dir, "err", err)
+	}
+	p.mu.Lock()
+	delete(p.insts, name)
+	p.mu.Unlock()
+}
+
+// exitText describes cmd.Wait's result.
+func exitText(err error) string {
+	if err == nil {
+		return "exit status 0 (the guest powered off or rebooted, qemu runs with -no-reboot; or qemu was told to quit)"
+	}
+	return err.Error()
+}
+
+// qemuSaid is the tail of qemu.log, formatted for an error message.
+func (p *Provider) qemuSaid(inst *instance) string {
+	if t := tailLines(filepath.Join(inst.dir, fileQemuLog), 10); t != "" {
+		return "; qemu said: " + strings.ReplaceAll(t, "\n", " | ")
+	}
+	return ""
+}

@@ -1,0 +1,373 @@
+// Package qemu is a nodes.NodeProvider that boots each node as a qemu `-M microvm` guest
+// (KVM where /dev/kvm is usable, TCG everywhere else) from a node image built by
+// internal/nodeimage.
+//
+// Every node has a directory under Config.StateDir, named after the node:
+//
+//	<state>/<node>/instance.json   the record: request, address, tap, MAC, created, and the
+//	                               qemu process identity (pid + start time + cmdline);
+//	                               written atomically, removed first on Delete
+//	<state>/<node>/rootfs.ext4     the node's own clone of the image's root disk (/dev/vda, rw)
+//	<state>/<node>/identity.img    its identity disk (/dev/vdb, read-only), see internal/identity
+//	<state>/<node>/console.log     the guest's serial console
+//	<state>/<node>/qemu.log        qemu's own stdout and stderr
+//	<state>/<node>/qmp.sock        qemu's QMP socket (Delete asks for system_powerdown there)
+//	<state>/.lock                  held by the Provider (one daemon per state dir)
+//
+// qemu processes are not children that die with the daemon: a daemon restart finds them
+// again with Recover, which adopts a VM whose recorded identity still runs and cleans up
+// (tap, directory) after one that does not. See Recover for why adopting, not killing.
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/socialweb-computer/socialweb/internal/identity"
+	"github.com/socialweb-computer/socialweb/internal/nodeimage"
+	"github.com/socialweb-computer/socialweb/internal/nodenet"
+	"github.com/socialweb-computer/socialweb/internal/nodes"
+)
+
+// DefaultQemu is the qemu binary looked up in PATH when Config.QemuPath is empty.
+const DefaultQemu = "qemu-system-x86_64"
+
+// Accel is qemu's accelerator.
+type Accel string
+
+const (
+	AccelAuto Accel = ""    // kvm if /dev/kvm can be opened read-write, else tcg
+	AccelKVM  Accel = "kvm" // hardware virtualization; fails New without a usable /dev/kvm
+	AccelTCG  Accel = "tcg" // emulation; works everywhere, several times slower
+)
+
+// Defaults of Config.
+const (
+	DefaultStartTimeout   = 30 * time.Second
+	DefaultJoinTimeout    = 5 * time.Minute
+	DefaultStopGrace      = 5 * time.Second
+	DefaultHostReserveMiB = 1024
+)
+
+// Config configures a Provider. Zero values mean the defaults above.
+type Config struct {
+	// StateDir holds one directory per node (see the package comment). It must be on a
+	// filesystem that can hold the nodes' root disks (B7): a node may fill its clone up
+	// to the image's disk size, so /tmp on a tmpfs is a poor choice.
+	StateDir string
+	// ImageDir is a node image: manifest.json, vmlinuz, initramfs.cpio.gz, rootfs.ext4.
+	ImageDir string
+	// QemuPath is the qemu binary; "" means qemu-system-x86_64 from PATH.
+	QemuPath string
+	// Accel chooses the accelerator; AccelAuto picks kvm when /dev/kvm is usable.
+	Accel Accel
+	// StartTimeout bounds how long Create waits for qemu to run the guest (its QMP
+	// socket answers and reports "running"). Booting and joining take longer and are
+	// not waited for.
+	StartTimeout time.Duration
+	// JoinTimeout is how long the daemon's watchdog should wait for a node to register
+	// before giving up on it (Delete, and report Exited/ConsoleTail). The provider does
+	// not enforce it; Info reports the deadline.
+	JoinTimeout time.Duration
+	// StopGrace is how long Delete waits for the guest to power off after QMP
+	// system_powerdown before it terminates qemu.
+	StopGrace time.Duration
+	// HostReserveMiB is memory kept for the host: a node may ask for at most MemTotal
+	// minus this.
+	HostReserveMiB int64
+	// HostCPUs and HostMemoryMiB override what the host reports (0: detect). Meant for
+	// tests and for operators who want to cap node sizes below the machine's.
+	HostCPUs      int
+	HostMemoryMiB int64
+}
+
+// Networks is the part of nodenet.Manager the provider uses. The cluster's bridge must
+// exist (nodenet.Manager.Ensure) before Create.
+type Networks interface {
+	AddTap(ctx context.Context, cluster string, plan nodenet.Plan, node string) (nodenet.Tap, error)
+	RemoveTap(ctx context.Context, name string) error
+}
+
+// Joiner makes a node's identity. The daemon implements it: it mints the bootstrap token
+// and fills the API server URL, CA and registry. Fields it leaves empty that the provider
+// knows (cluster, node name, providerID, address, gateway, DNS, cluster DNS, max pods,
+// labels, MAC) are filled in; fields it sets must agree with the provider's.
+type Joiner interface {
+	Identity(ctx context.Context, req nodes.NodeRequest, addr net.IP, mac string) (identity.Identity, error)
+}
+
+// Deps are the provider's collaborators.
+type Deps struct {
+	Networks Networks
+	Joiner   Joiner
+	// Plan returns a cluster's network plan (nodenet.ForIndex of its network lease).
+	Plan func(cluster string) (nodenet.Plan, error)
+	// Log may be nil (discard).
+	Log *slog.Logger
+	// Now may be nil (time.Now).
+	Now func() time.Time
+}
+
+// host is what the provider knows of the machine it runs on.
+type host struct {
+	CPUs      int
+	MemoryMiB int64  // MemTotal
+	TSCkHz    int64  // for tsc_early_khz= under TCG; 0 if unknown
+	KVMErr    error  // why /dev/kvm is not usable, nil if it is
+	cpuinfo   string // for messages
+}
+
+// Provider is the qemu NodeProvider. Create, Delete, List, Exited, ConsoleTail and Info
+// are safe for concurrent use; Recover must run once, first.
+type Provider struct {
+	cfg      Config
+	deps     Deps
+	log      *slog.Logger
+	now      func() time.Time
+	qemu     string // resolved binary path
+	accel    Accel  // resolved: kvm or tcg
+	host     host
+	image    *nodeimage.Manifest
+	imageDir string
+	lock     *os.File
+
+	mu        sync.Mutex
+	recovered bool
+	closed    bool
+	insts     map[string]*instance
+}
+
+var _ nodes.NodeProvider = (*Provider)(nil)
+
+// New validates cfg against this host and the image (nothing is booted), takes the state
+// dir's lock and returns a Provider. Call Recover before anything else.
+func New(cfg Config, deps Deps) (*Provider, error) {
+	h, err := detectHost()
+	if err != nil {
+		return nil, err
+	}
+	return newProvider(cfg, deps, h)
+}
+
+func newProvider(cfg Config, deps Deps, h host) (*Provider, error) {
+	if deps.Networks == nil || deps.Joiner == nil || deps.Plan == nil {
+		return nil, errors.New("qemu provider: Deps.Networks, Deps.Joiner and Deps.Plan are required")
+	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = DefaultStartTimeout
+	}
+	if cfg.JoinTimeout <= 0 {
+		cfg.JoinTimeout = DefaultJoinTimeout
+	}
+	if cfg.StopGrace <= 0 {
+		cfg.StopGrace = DefaultStopGrace
+	}
+	if cfg.HostReserveMiB <= 0 {
+		cfg.HostReserveMiB = DefaultHostReserveMiB
+	}
+	if cfg.HostCPUs > 0 {
+		h.CPUs = cfg.HostCPUs
+	}
+	if cfg.HostMemoryMiB > 0 {
+		h.MemoryMiB = cfg.HostMemoryMiB
+	}
+	p := &Provider{cfg: cfg, deps: deps, log: deps.Log, now: deps.Now, host: h, insts: map[string]*instance{}}
+	if p.log == nil {
+		p.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if p.now == nil {
+		p.now = time.Now
+	}
+
+	var (
+		errs []error
+		err  error
+	)
+	if p.qemu, err = findQemu(cfg.QemuPath); err != nil {
+		errs = append(errs, err)
+	}
+	if p.accel, err = chooseAccel(cfg.Accel, h); err != nil {
+		errs = append(errs, err)
+	}
+	if p.imageDir, p.image, err = checkImage(cfg.ImageDir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := checkStateDir(&p.cfg); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if p.accel == AccelTCG && h.TSCkHz == 0 {
+		p.log.Warn("no cpu MHz in /proc/cpuinfo: booting TCG guests without tsc_early_khz=; on a loaded host their TSC calibration may fail and stall the boot")
+	}
+	if isTmpfs(p.cfg.StateDir) {
+		p.log.Warn("the qemu state dir is on a tmpfs: every node's root disk will use host memory as it fills", "stateDir", p.cfg.StateDir)
+	}
+	if p.lock, err = lockStateDir(p.cfg.StateDir); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Accel reports the accelerator guests run with (kvm or tcg).
+func (p *Provider) Accel() Accel { return p.accel }
+
+// JoinTimeout is Config.JoinTimeout with the default applied.
+func (p *Provider) JoinTimeout() time.Duration { return p.cfg.JoinTimeout }
+
+// Close releases the state dir's lock. Running VMs are left running: a later Provider's
+// Recover adopts them. Use Delete to stop a VM.
+func (p *Provider) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	_ = syscall.Flock(int(p.lock.Fd()), syscall.LOCK_UN)
+	return p.lock.Close()
+}
+
+func findQemu(path string) (string, error) {
+	if path == "" {
+		path = DefaultQemu
+	}
+	found, err := exec.LookPath(path)
+	if err != nil {
+		return "", fmt.Errorf("%s not found: apt-get install qemu-system-x86 (or set the qemu path to the binary)", path)
+	}
+	return found, nil
+}
+
+func chooseAccel(a Accel, h host) (Accel, error) {
+	switch a {
+	case AccelAuto:
+		if h.KVMErr == nil {
+			return AccelKVM, nil
+		}
+		return AccelTCG, nil
+	case AccelKVM:
+		if h.KVMErr != nil {
+			return "", fmt.Errorf("accel kvm: /dev/kvm is not usable here (%v): use accel tcg or auto", h.KVMErr)
+		}
+		return AccelKVM, nil
+	case AccelTCG:
+		return AccelTCG, nil
+	}
+	return "", fmt.Errorf("accel %q: use kvm, tcg or empty for auto", string(a))
+}
+
+// checkImage names the first thing missing from an image dir and says how to get one.
+func checkImage(dir string) (string, *nodeimage.Manifest, error) {
+	if dir == "" {
+		return "", nil, errors.New("no node image dir configured: build one with `socialweb image build` and configure its directory")
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", nil, err
+	}
+	if strings.ContainsAny(abs, ",\n") {
+		return "", nil, fmt.Errorf("node image dir %q contains a comma or newline, which qemu's option syntax cannot carry: move the image", abs)
+	}
+	for _, f := range []string{nodeimage.FileKernel, nodeimage.FileInitramfs, nodeimage.FileRootfs, nodeimage.FileManifest} {
+		if _, err := os.Stat(filepath.Join(abs, f)); err != nil {
+			return "", nil, fmt.Errorf("node image %s has no %s (%v): build the image with `socialweb image build`", abs, f, err)
+		}
+	}
+	m, err := nodeimage.ReadManifest(abs)
+	if err != nil {
+		return "", nil, fmt.Errorf("node image %s is not usable (%v): rebuild it with `socialweb image build`", abs, err)
+	}
+	return abs, m, nil
+}
+
+// maxNodeNameLen is a DNS label's length; node names are hostnames.
+const maxNodeNameLen = 63
+
+// sockName is the QMP socket in the node dir. qemu is given it relative to its working
+// directory (the node dir), and the provider dials it through /proc/self/fd when the
+// absolute path is longer than a unix socket path may be, so the state dir's length is
+// not limited.
+const sockName = "qmp.sock"
+
+func checkStateDir(cfg *Config) error {
+	if cfg.StateDir == "" {
+		return errors.New("no qemu state dir configured: set one on a disk with room for the nodes' root disks")
+	}
+	abs, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	cfg.StateDir = abs
+	if strings.ContainsAny(abs, ",\n") {
+		return fmt.Errorf("qemu state dir %q contains a comma or newline, which qemu's option syntax cannot carry: use another path", abs)
+	}
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		return fmt.Errorf("creating qemu state dir: %w", err)
+	}
+	return nil
+}
+
+func lockStateDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		owner, _ := os.ReadFile(f.Name())
+		f.Close()
+		return nil, fmt.Errorf("qemu state dir %s is in use by another provider (pid %s): stop it first, or use another state dir",
+			dir, string(owner))
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(fmt.Sprint(os.Getpid())), 0)
+	return f, nil
+}
+
+var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// Validate reports whether req can be booted on this host, without booting anything:
+// the request itself, a name usable as a hostname and directory, and a size that fits
+// the host. The daemon can call it when a cluster's node size is configured.
+func (p *Provider) Validate(req nodes.NodeRequest) error {
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	if len(req.Name) > maxNodeNameLen || !nodeNameRE.MatchString(req.Name) {
+		return fmt.Errorf("node request: name %q is not a DNS label (lower-case letters, digits and '-', at most %d characters): make it with nodes.NewNodeName", req.Name, maxNodeNameLen)
+	}
+	return checkSize(req, p.host, p.cfg.HostReserveMiB)
+}
+
+func checkSize(req nodes.NodeRequest, h host, reserveMiB int64) error {
+	var errs []error
+	if h.CPUs > 0 && req.CPUs > int64(h.CPUs) {
+		errs = append(errs, fmt.Errorf("node %s asks for %d vCPUs but this host has %d CPUs: size nodes at %d vCPUs or fewer",
+			req.Name, req.CPUs, h.CPUs, h.CPUs))
+	}
+	if req.MemoryMiB < nodeimage.MinMemMiB {
+		errs = append(errs, fmt.Errorf("node %s asks for %d MiB of memory, below the %d MiB the node image needs: size nodes at %d MiB or more",
+			req.Name, req.MemoryMiB, nodeimage.MinMemMiB, nodeimage.MinMemMiB))
+	}
+	if h.MemoryMiB > 0 {
+		limit := h.MemoryMiB - reserveMiB
+		if req.MemoryMiB > limit {
+			errs = append(errs, fmt.Errorf("node %s asks for %d MiB of memory but this host has %d MiB (%d MiB kept for the host): size nodes at %d MiB or less",
+				req.Name, req.MemoryMiB, h.MemoryMiB, reserveMiB, max(limit, 0)))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,137 @@
+package qemu
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/socialweb-computer/socialweb/internal/nodes"
+	"github.com/socialweb-computer/socialweb/internal/supervisor"
+)
+
+// Files of a node directory.
+const (
+	fileRecord   = "instance.json"
+	fileRootfs   = "rootfs.ext4"
+	fileIdentity = "identity.img"
+	fileConsole  = "console.log"
+	fileQemuLog  = "qemu.log"
+)
+
+const recordVersion = 1
+
+// record is instance.json. It is written before anything outside the node directory is
+// made (with the tap it is about to add) and again once qemu runs (with the process
+// identity), so that a daemon that dies at any point of Create leaves a record from
+// which Recover can undo everything.
+type record struct {
+	Version  int               `json:"version"`
+	Request  nodes.NodeRequest `json:"request"`
+	Address  string            `json:"address"` // with prefix, e.g. 10.250.3.2/24
+	Tap      string            `json:"tap"`
+	Bridge   string            `json:"bridge"`
+	MAC      string            `json:"mac"`
+	ImageDir string            `json:"imageDir"`
+	Accel    Accel             `json:"accel"`
+	Created  time.Time         `json:"created"`
+	// Process is qemu's identity (pid + start time + cmdline); nil until qemu started.
+	Process *supervisor.Identity `json:"process,omitempty"`
+}
+
+// writeRecord replaces dir/instance.json atomically (write, fsync, rename, fsync dir).
+func writeRecord(dir string, r record) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	final := filepath.Join(dir, fileRecord)
+	tmp := final + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("writing instance record: %w", err)
+	}
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, final)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("writing instance record %s: %w", final, err)
+	}
+	return syncDir(dir)
+}
+
+func readRecord(dir string) (record, error) {
+	var r record
+	b, err := os.ReadFile(filepath.Join(dir, fileRecord))
+	if err != nil {
+		return r, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return r, fmt.Errorf("instance record %s: %w", filepath.Join(dir, fileRecord), err)
+	}
+	if r.Version != recordVersion {
+		return r, fmt.Errorf("instance record %s: version %d, this provider reads %d", filepath.Join(dir, fileRecord), r.Version, recordVersion)
+	}
+	if r.Request.Name != filepath.Base(dir) {
+		return r, fmt.Errorf("instance record %s names node %q", filepath.Join(dir, fileRecord), r.Request.Name)
+	}
+	return r, nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// tailLines returns the last n lines of a file (carriage returns dropped), "" if it
+// cannot be read.
+func tailLines(path string, n int) string {
+	if n <= 0 {
+		return ""
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	want := min(max(int64(n)*256, 16<<10), 1<<20)
+	off := max(st.Size()-want, 0)
+	buf := make([]byte, st.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil && len(buf) > 0 {
+		return ""
+	}
+	s := strings.ReplaceAll(string(buf), "\r", "")
+	s = strings.TrimRight(s, "\n")
+	lines := strings.Split(s, "\n")
+	if off > 0 && len(lines) > 1 {
+		lines = lines[1:] // the first one is partial
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	if len(lines) == 1 && lines[0] == "" {
+		return ""
+	}
+	return strings.Join(lines, "\n")
+}
