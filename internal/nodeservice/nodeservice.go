@@ -1,0 +1,190 @@
+// Package nodeservice runs, for each Ready tenant cluster, what gives it
+// nodes: a scale driver over the host's NodeProvider, the cloud-controller-
+// manager, and the identity minter that the provider's Joiner dispatches to.
+package nodeservice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/socialweb-computer/socialweb/internal/ccm"
+	"github.com/socialweb-computer/socialweb/internal/identity"
+	"github.com/socialweb-computer/socialweb/internal/join"
+	"github.com/socialweb-computer/socialweb/internal/nodes"
+	"github.com/socialweb-computer/socialweb/internal/scale"
+	"github.com/socialweb-computer/socialweb/internal/scaledriver"
+)
+
+// Cluster is what a cluster's node services need.
+type Cluster struct {
+	Name     string
+	Tenant   kubernetes.Interface // admin client of the tenant
+	Minter   join.Minter
+	NodeSize scale.NodeSize
+	MaxNodes int
+	Hold     time.Duration
+}
+
+// Addresser is optionally implemented by a NodeProvider that knows each
+// machine's address (the qemu provider does); the CCM reports it.
+type Addresser interface {
+	Address(name string) (net.IP, bool)
+}
+
+// Host runs node services for every Ready cluster. The zero value is not
+// usable; build it with New.
+type Host struct {
+	provider nodes.NodeProvider
+	status   scaledriver.StatusRecorder
+	metrics  prometheus.Registerer
+	log      *slog.Logger
+
+	mu       sync.Mutex
+	clusters map[string]*running
+}
+
+type running struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	minter join.Minter
+}
+
+// New returns a Host. provider may be nil: clusters then stay at zero nodes
+// and Start says why once.
+func New(provider nodes.NodeProvider, status scaledriver.StatusRecorder, metrics prometheus.Registerer, log *slog.Logger) *Host {
+	return &Host{provider: provider, status: status, metrics: metrics, log: log, clusters: map[string]*running{}}
+}
+
+// Start runs the cluster's node services until Stop or ctx ends; starting a
+// running cluster is a no-op.
+func (h *Host) Start(ctx context.Context, c Cluster) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.clusters[c.Name]; ok {
+		return nil
+	}
+	if h.provider == nil {
+		return errors.New("no node provider: build a node image with `socialweb image build` and restart serve; the cluster stays at zero nodes")
+	}
+	drv, err := scaledriver.New(scaledriver.Config{
+		Cluster: c.Name, NodeSize: c.NodeSize, MaxNodes: c.MaxNodes, Hold: c.Hold,
+	}, scaledriver.Deps{
+		Tenant: c.Tenant, Provider: clusterScoped{h.provider, c.Name}, Status: h.status, Metrics: h.metrics,
+		Logger: h.log.With("cluster", c.Name, "component", "scaledriver"),
+	})
+	if err != nil {
+		return fmt.Errorf("scale driver for %s: %w", c.Name, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	r := &running{cancel: cancel, done: make(chan struct{}), minter: c.Minter}
+	h.clusters[c.Name] = r
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := drv.Run(ctx); err != nil {
+			h.log.Error("scale driver stopped", "cluster", c.Name, "err", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := ccm.Run(ctx, c.Tenant, &ccm.Cloud{Cluster: c.Name, Machines: h}, ccm.Options{}); err != nil {
+			h.log.Error("cloud-controller-manager stopped", "cluster", c.Name, "err", err)
+		}
+	}()
+	go func() { wg.Wait(); close(r.done) }()
+	h.log.Info("node services started", "cluster", c.Name)
+	return nil
+}
+
+// Stop ends a cluster's node services and waits for them; its machines are
+// the caller's to delete (DeleteAll).
+func (h *Host) Stop(name string) {
+	h.mu.Lock()
+	r := h.clusters[name]
+	delete(h.clusters, name)
+	h.mu.Unlock()
+	if r != nil {
+		r.cancel()
+		<-r.done
+	}
+}
+
+// DeleteAll deletes every machine of a cluster (on cluster delete).
+func (h *Host) DeleteAll(ctx context.Context, cluster string) error {
+	if h.provider == nil {
+		return nil
+	}
+	insts, err := h.provider.List(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, in := range insts {
+		if in.Cluster == cluster {
+			if err := h.provider.Delete(ctx, in.Name); err != nil && !nodes.IsNotFound(err) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Identity implements the qemu provider's Joiner by dispatching to the
+// cluster's minter.
+func (h *Host) Identity(ctx context.Context, req nodes.NodeRequest, addr net.IP, mac string) (identity.Identity, error) {
+	h.mu.Lock()
+	r := h.clusters[req.Cluster]
+	h.mu.Unlock()
+	if r == nil {
+		return identity.Identity{}, fmt.Errorf("cluster %s has no node services running", req.Cluster)
+	}
+	return r.minter.Identity(ctx, req, addr, mac)
+}
+
+// Machine implements ccm.Machines over the provider's List.
+func (h *Host) Machine(ctx context.Context, cluster, node string) (ccm.Machine, bool, error) {
+	insts, err := h.provider.List(ctx)
+	if err != nil {
+		return ccm.Machine{}, false, err
+	}
+	for _, in := range insts {
+		if in.Cluster == cluster && in.Name == node {
+			m := ccm.Machine{Running: in.State == nodes.StateRunning}
+			if a, ok := h.provider.(Addresser); ok {
+				m.Address, _ = a.Address(node)
+			}
+			return m, true, nil
+		}
+	}
+	return ccm.Machine{}, false, nil
+}
+
+// clusterScoped shows a driver only its own cluster's machines: the
+// provider serves every cluster on the host.
+type clusterScoped struct {
+	nodes.NodeProvider
+	cluster string
+}
+
+func (c clusterScoped) List(ctx context.Context) ([]nodes.Instance, error) {
+	all, err := c.NodeProvider.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var mine []nodes.Instance
+	for _, in := range all {
+		if in.Cluster == c.cluster {
+			mine = append(mine, in)
+		}
+	}
+	return mine, nil
+}

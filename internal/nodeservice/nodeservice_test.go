@@ -1,0 +1,81 @@
+package nodeservice
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubefake "k8s.io/client-go/kubernetes/fake"
+
+	"github.com/socialweb-computer/socialweb/internal/join"
+	"github.com/socialweb-computer/socialweb/internal/livetest"
+	"github.com/socialweb-computer/socialweb/internal/nodenet"
+	"github.com/socialweb-computer/socialweb/internal/nodes"
+	"github.com/socialweb-computer/socialweb/internal/nodes/fake"
+	"github.com/socialweb-computer/socialweb/internal/scale"
+)
+
+func TestHostRunsAClustersNodeServices(t *testing.T) {
+	tenant := kubefake.NewSimpleClientset()
+	prov := fake.New(fake.WithTenant(tenant))
+	h := New(prov, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	plan, _ := nodenet.ForIndex(7)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := Cluster{
+		Name: "ci", Tenant: tenant, NodeSize: scale.NodeSize{CPUs: 1, MemoryMiB: 1024, MaxPods: 110}, MaxNodes: 2, Hold: time.Second,
+		Minter: join.Minter{Tenant: tenant, APIServer: "https://10.250.7.1:7500", CACert: []byte("PEM"), Plan: plan},
+	}
+	if err := h.Start(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(ctx, c); err != nil {
+		t.Fatalf("second Start: %v", err)
+	}
+	_, err := tenant.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "job"},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	livetest.Eventually(t, 10*time.Second, 50*time.Millisecond, "a node for the pending pod", func() bool {
+		return prov.Count(fake.OpCreate) == 1
+	})
+	name := prov.Instances()[0].Name
+	m, ok, err := h.Machine(ctx, "ci", name)
+	if err != nil || !ok || !m.Running {
+		t.Errorf("Machine(%s) = %+v, %v, %v", name, m, ok, err)
+	}
+	if _, ok, _ := h.Machine(ctx, "other", name); ok {
+		t.Error("a machine is visible under another cluster")
+	}
+	id, err := h.Identity(ctx, nodes.NodeRequest{Cluster: "ci", Name: name, MaxPods: 110}, net.ParseIP("10.250.7.2"), "02:00:00:00:00:07")
+	if err != nil || id.NodeName != name || id.Gateway != "10.250.7.1" {
+		t.Errorf("Identity = %+v, %v", id, err)
+	}
+	if _, err := h.Identity(ctx, nodes.NodeRequest{Cluster: "nosuch", Name: "x"}, nil, ""); err == nil {
+		t.Error("Identity for a cluster without node services")
+	}
+	h.Stop("ci")
+	if err := h.DeleteAll(ctx, "ci"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(prov.Instances()); n != 0 {
+		t.Errorf("%d machines left after DeleteAll", n)
+	}
+}
+
+func TestHostWithoutProviderSaysWhatToDo(t *testing.T) {
+	h := New(nil, nil, nil, slog.New(slog.DiscardHandler))
+	err := h.Start(context.Background(), Cluster{Name: "ci"})
+	if err == nil || !strings.Contains(err.Error(), "socialweb image build") {
+		t.Errorf("Start without a provider: %v", err)
+	}
+}
