@@ -32,6 +32,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
 	"github.com/socialweb-computer/socialweb/internal/datastore"
 	"github.com/socialweb-computer/socialweb/internal/lease"
+	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/pki"
 	"github.com/socialweb-computer/socialweb/internal/provider"
@@ -43,12 +44,15 @@ const AdminKubeconfig = "admin.kubeconfig"
 
 // Options configure the daemon; cmd/socialweb maps flags onto them.
 type Options struct {
-	StateDir       string
-	Datastore      string
-	APIPort        int
-	PortRange      string
-	NetworkRange   string
-	NodeNetwork    bool
+	StateDir     string
+	Datastore    string
+	APIPort      int
+	PortRange    string
+	NetworkRange string
+	NodeNetwork  bool
+	// NodeImage is a built node image directory; empty keeps clusters at
+	// zero nodes.
+	NodeImage      string
 	MetricsAddress string
 	Executable     string
 	Defaults       provider.Defaults
@@ -90,6 +94,11 @@ func Validate(ctx context.Context, o Options) (validated, error) {
 	}
 	if o.Defaults.MaxNodes < 0 || o.Defaults.NodeCPUs < 1 || o.Defaults.PodsPerNode < 1 || o.Defaults.Hold < 0 || o.Defaults.NodeMemory.Sign() <= 0 {
 		return v, errors.New("cluster defaults must be positive: max nodes >= 0, node cpus >= 1, pods per node >= 1, hold >= 0, node memory > 0")
+	}
+	if o.NodeImage != "" {
+		if _, err := nodeimage.ReadManifest(o.NodeImage); err != nil {
+			return v, fmt.Errorf("--node-image %s is not a node image (%v): build one with `socialweb image build` and pass the dir it prints", o.NodeImage, err)
+		}
 	}
 	if v.store, err = datastore.Open(o.Datastore); err != nil {
 		return v, fmt.Errorf("--datastore: %w", err)
@@ -154,12 +163,22 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		}
 	}
 
-	var networks provider.Networks
+	var (
+		networks provider.Networks
+		nets     *nodenet.Manager
+	)
 	if v.NodeNetwork {
-		networks = nodenet.NewManager(nil, log.With("component", "nodenet"))
+		nets = nodenet.NewManager(nil, log.With("component", "nodenet"))
+		networks = nets
+	}
+	plan := func(cluster string) (nodenet.Plan, error) { return prov.Plan(cluster) }
+	nodeServices, err := startNodes(ctx, v, nets, plan, dyn, reg, log)
+	if err != nil {
+		return err
 	}
 	prov = provider.New(provider.Config{
 		NodeNetworks: networks,
+		NodeServices: nodeServices,
 		StateDir:     v.StateDir,
 		Executable:   v.Executable,
 		Ports:        v.ports,

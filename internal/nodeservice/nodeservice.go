@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 	"time"
 
@@ -31,6 +32,9 @@ type Cluster struct {
 	NodeSize scale.NodeSize
 	MaxNodes int
 	Hold     time.Duration
+	// RegistryAddr is where the host registry serves this cluster's nodes
+	// (its gateway address); empty serves none.
+	RegistryAddr string
 }
 
 // Addresser is optionally implemented by a NodeProvider that knows each
@@ -43,6 +47,7 @@ type Addresser interface {
 // usable; build it with New.
 type Host struct {
 	provider nodes.NodeProvider
+	registry http.Handler
 	status   scaledriver.StatusRecorder
 	metrics  prometheus.Registerer
 	log      *slog.Logger
@@ -59,8 +64,8 @@ type running struct {
 
 // New returns a Host. provider may be nil: clusters then stay at zero nodes
 // and Start says why once.
-func New(provider nodes.NodeProvider, status scaledriver.StatusRecorder, metrics prometheus.Registerer, log *slog.Logger) *Host {
-	return &Host{provider: provider, status: status, metrics: metrics, log: log, clusters: map[string]*running{}}
+func New(provider nodes.NodeProvider, registry http.Handler, status scaledriver.StatusRecorder, metrics prometheus.Registerer, log *slog.Logger) *Host {
+	return &Host{provider: provider, registry: registry, status: status, metrics: metrics, log: log, clusters: map[string]*running{}}
 }
 
 // Start runs the cluster's node services until Stop or ctx ends; starting a
@@ -87,6 +92,10 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 	r := &running{cancel: cancel, done: make(chan struct{}), minter: c.Minter}
 	h.clusters[c.Name] = r
 	var wg sync.WaitGroup
+	if h.registry != nil && c.RegistryAddr != "" {
+		wg.Add(1)
+		go func() { defer wg.Done(); h.serveRegistry(ctx, c.Name, c.RegistryAddr) }()
+	}
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -103,6 +112,26 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 	go func() { wg.Wait(); close(r.done) }()
 	h.log.Info("node services started", "cluster", c.Name)
 	return nil
+}
+
+// serveRegistry serves the host registry on a cluster's gateway address;
+// the bridge may appear after the cluster starts, so the bind is retried.
+func (h *Host) serveRegistry(ctx context.Context, cluster, addr string) {
+	for ctx.Err() == nil {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		srv := &http.Server{Handler: h.registry, ReadHeaderTimeout: 10 * time.Second}
+		go func() { <-ctx.Done(); _ = srv.Close() }()
+		h.log.Info("registry serving the cluster's nodes", "cluster", cluster, "address", addr)
+		_ = srv.Serve(l)
+		return
+	}
 }
 
 // Stop ends a cluster's node services and waits for them; its machines are

@@ -24,7 +24,7 @@ import (
 func TestHostRunsAClustersNodeServices(t *testing.T) {
 	tenant := kubefake.NewSimpleClientset()
 	prov := fake.New(fake.WithTenant(tenant))
-	h := New(prov, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	h := New(prov, nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	plan, _ := nodenet.ForIndex(7)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -73,7 +73,7 @@ func TestHostRunsAClustersNodeServices(t *testing.T) {
 }
 
 func TestHostWithoutProviderSaysWhatToDo(t *testing.T) {
-	h := New(nil, nil, nil, slog.New(slog.DiscardHandler))
+	h := New(nil, nil, nil, nil, slog.New(slog.DiscardHandler))
 	err := h.Start(context.Background(), Cluster{Name: "ci"})
 	if err == nil || !strings.Contains(err.Error(), "socialweb image build") {
 		t.Errorf("Start without a provider: %v", err)

@@ -55,6 +55,9 @@ type Config struct {
 	// Networks makes each cluster's node network; nil leaves clusters
 	// without one (loopback only, no nodes).
 	NodeNetworks Networks
+	// NodeServices gives Ready clusters nodes; nil keeps every cluster at
+	// zero nodes.
+	NodeServices NodeServices
 }
 
 // Networks is the part of nodenet.Manager the provider uses.
@@ -214,6 +217,11 @@ func (p *Provider) reconcile(ctx context.Context, name string) (time.Duration, e
 	if err := p.writeStatus(ctx, c, obs, plan); err != nil {
 		return 0, err
 	}
+	if plan.Phase == v1.PhaseReady && obs.Lease != nil {
+		if err := p.startNodeServices(ctx, c, *obs.Lease); err != nil {
+			p.log.Error("starting node services", "cluster", c.Name, "err", err)
+		}
+	}
 	if obs.LeaseErr != nil || obs.ProvisionErr != nil {
 		return 10 * time.Second, nil
 	}
@@ -302,6 +310,10 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 				p.start(c)
 			}
 		case OpStop:
+			// Machines go before the control plane they report to.
+			if err = p.stopNodeServices(ctx, c.Name); err != nil {
+				break
+			}
 			p.sup.Stop(ProcessName(c.Name), 10*time.Second)
 			p.forgetProbe(c.Name)
 		case OpRemoveData:

@@ -69,6 +69,7 @@ func TestServeRefusesBadConfigBeforeCreatingAnything(t *testing.T) {
 		{"api port inside the range", []string{"--api-port", "9001", "--port-range", "9000-9010"}, "inside --port-range"},
 		{"hold does not parse", []string{"--default-hold", "forever"}, "invalid argument"},
 		{"memory does not parse", []string{"--default-node-memory", "lots"}, "want a quantity"},
+		{"node image that is not one", []string{"--node-image", "/nonexistent/image"}, "socialweb image build"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,103 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/socialweb-computer/socialweb/internal/identity"
+	"github.com/socialweb-computer/socialweb/internal/images"
+	"github.com/socialweb-computer/socialweb/internal/nodenet"
+	"github.com/socialweb-computer/socialweb/internal/nodes"
+	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
+	"github.com/socialweb-computer/socialweb/internal/nodeservice"
+	"github.com/socialweb-computer/socialweb/internal/provider"
+	"github.com/socialweb-computer/socialweb/internal/registry"
+)
+
+// lateJoiner breaks the construction cycle: the qemu provider needs a Joiner,
+// and the Joiner (nodeservice.Host) needs the provider.
+type lateJoiner struct{ host *nodeservice.Host }
+
+func (j *lateJoiner) Identity(ctx context.Context, req nodes.NodeRequest, addr net.IP, mac string) (identity.Identity, error) {
+	return j.host.Identity(ctx, req, addr, mac)
+}
+
+// qemuAddresser reports a machine's address for the CCM.
+type qemuAddresser struct{ *qemu.Provider }
+
+func (q qemuAddresser) Address(name string) (net.IP, bool) {
+	info, err := q.Info(name)
+	if err != nil {
+		return nil, false
+	}
+	ip, _, err := net.ParseCIDR(info.Address)
+	return ip, err == nil
+}
+
+// startNodes builds the node machinery when a node image is configured: the
+// qemu provider (recovering VMs of an earlier run), the host registry seeded
+// with the images nodes need, and the per-cluster node services.
+func startNodes(ctx context.Context, v validated, nets *nodenet.Manager, plan func(string) (nodenet.Plan, error),
+	dyn dynamic.Interface, reg prometheus.Registerer, log *slog.Logger) (provider.NodeServices, error) {
+	if v.NodeImage == "" {
+		log.Info("no --node-image: clusters stay at zero nodes (build one with `socialweb image build`)")
+		return nil, nil
+	}
+	if nets == nil {
+		return nil, fmt.Errorf("--node-image needs --node-network: nodes live on their cluster's bridge")
+	}
+	joiner := &lateJoiner{}
+	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(v.StateDir, "nodes"), ImageDir: v.NodeImage},
+		qemu.Deps{Networks: nets, Joiner: joiner, Plan: plan, Log: log.With("component", "qemu")})
+	if err != nil {
+		return nil, err
+	}
+	if res, err := qp.Recover(ctx); err != nil {
+		return nil, fmt.Errorf("recovering node VMs: %w", err)
+	} else {
+		log.Info("node VMs recovered", "result", fmt.Sprintf("%+v", res))
+	}
+	regDir := filepath.Join(v.StateDir, "registry")
+	if err := os.MkdirAll(regDir, 0o700); err != nil {
+		return nil, err
+	}
+	rs := &registry.Server{Dir: regDir, Logger: log.With("component", "registry")}
+	go seedImages(ctx, rs, log)
+	host := nodeservice.New(struct {
+		nodes.NodeProvider
+		nodeservice.Addresser
+	}{qp, qemuAddresser{qp}}, rs.Handler(), provider.ScaleStatus{Client: dyn}, reg, log.With("component", "nodes"))
+	joiner.host = host
+	return host, nil
+}
+
+// seedImages builds the pause and busybox images locally and loads them into
+// the registry; nodes pull them from there.
+func seedImages(ctx context.Context, rs *registry.Server, log *slog.Logger) {
+	for _, name := range []string{images.Pause, images.Busybox} {
+		tarPath, digest, err := images.Build(ctx, name, images.Options{Logger: log})
+		if err != nil {
+			log.Error("building image", "image", name, "err", err)
+			continue
+		}
+		f, err := os.Open(tarPath)
+		if err != nil {
+			log.Error("opening image", "image", name, "err", err)
+			continue
+		}
+		refs, err := rs.Import(ctx, f)
+		f.Close()
+		if err != nil {
+			log.Error("loading image into the registry", "image", name, "err", err)
+			continue
+		}
+		log.Info("image ready in the registry", "image", name, "digest", digest, "refs", refs)
+	}
+}
