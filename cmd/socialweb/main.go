@@ -54,6 +54,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(
 		newServeCommand(g),
 		newClusterCommand(g),
+		newImageCommand(g),
 		newControlPlaneCommand(),
 	)
 	return root
