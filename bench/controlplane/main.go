@@ -160,6 +160,13 @@ func measureSocialweb(bin string, n int, idle time.Duration) result {
 	}
 	wg.Wait()
 	time.Sleep(idle)
+	// Delete the clusters afterwards: their bridges and rules outlive a
+	// daemon stop by design, and the state dir is thrown away.
+	defer func() {
+		for i := range n {
+			_ = cli("cluster", "delete", fmt.Sprintf("t%d", i), "--wait")
+		}
+	}()
 	for i := range n {
 		b, err := os.ReadFile(filepath.Join(state, "clusters", fmt.Sprintf("t%d", i), "instance.json"))
 		if err != nil {
