@@ -135,6 +135,9 @@ func (p *Provider) Run(ctx context.Context) error {
 		UpdateFunc: func(_, o any) { p.enqueue(o) },
 		DeleteFunc: func(o any) { p.enqueue(o) },
 	})
+	if err := p.removeOrphanNetworks(ctx); err != nil {
+		p.log.Warn("cleaning up node networks of deleted clusters", "err", err)
+	}
 	p.factory.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), p.informer.HasSynced) {
 		return fmt.Errorf("cluster informer did not sync")
@@ -455,6 +458,49 @@ func (p *Provider) start(c *v1.Cluster) {
 		LogPath:    filepath.Join(dir, "controlplane.log"),
 		RecordPath: filepath.Join(dir, "instance.json"),
 	})
+}
+
+// OrphanLister is implemented by a Networks that can list what it made
+// (nodenet.Manager).
+type OrphanLister interface {
+	List(ctx context.Context) (nodenet.Owned, error)
+}
+
+// removeOrphanNetworks removes node networks in this daemon's index range
+// that no lease holds: left by a cluster whose state was lost (a state dir
+// thrown away, a crash between remove and release). Indexes outside the
+// range may belong to another daemon on the host and are left alone.
+func (p *Provider) removeOrphanNetworks(ctx context.Context) error {
+	lister, ok := p.cfg.NodeNetworks.(OrphanLister)
+	if !ok {
+		return nil
+	}
+	owned, err := lister.List(ctx)
+	if err != nil {
+		return err
+	}
+	_, table, err := p.leases.load(ctx)
+	if err != nil {
+		return err
+	}
+	held := map[int]bool{}
+	for _, l := range table {
+		held[l.Network] = true
+	}
+	for _, i := range owned.Indexes() {
+		if i < p.cfg.Networks.Lo || i > p.cfg.Networks.Hi || held[i] {
+			continue
+		}
+		plan, err := nodenet.ForIndex(i)
+		if err != nil {
+			continue
+		}
+		p.log.Info("removing the node network of a cluster that no longer exists", "index", i)
+		if err := p.cfg.NodeNetworks.Remove(ctx, fmt.Sprintf("orphan-%d", i), plan); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (p *Provider) ensureNetwork(ctx context.Context, cluster string, l lease.Lease) error {

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ import (
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
+	"github.com/socialweb-computer/socialweb/internal/nodenet"
 )
 
 func grepLines(s, sub string) string {
@@ -213,7 +215,18 @@ func TestTwoClustersIsolatedAndSurviveRestarts(t *testing.T) {
 func TestDeleteReleasesPortAndFiles(t *testing.T) {
 	metrics := fmt.Sprintf("127.0.0.1:%d", livetest.FreePort(t))
 	d := newDaemon(t, 1, "--metrics-address", metrics)
+	// A node network no lease holds (its cluster's state was lost) is
+	// removed when the daemon starts.
+	orphan, _ := nodenet.ForIndex(149)
+	nets := nodenet.NewManager(nil, nil)
+	if err := nets.Ensure(ctxT(t, time.Minute), "orphan", orphan); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nets.Remove(context.Background(), "orphan", orphan) })
 	d.start()
+	livetest.Eventually(t, 30*time.Second, 200*time.Millisecond, "the orphaned bridge swb149 to be removed", func() bool {
+		return exec.Command("ip", "link", "show", "swb149").Run() != nil
+	})
 	d.mustCLI("cluster", "create", "solo", "--wait")
 	url := d.cluster("solo").Status.URL
 	resp, err := http.Get("http://" + metrics + "/metrics")
