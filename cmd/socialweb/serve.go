@@ -3,13 +3,11 @@ package main
 import (
 	"log/slog"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/socialweb-computer/socialweb/internal/controlplane"
 	"github.com/socialweb-computer/socialweb/internal/daemon"
 )
 
@@ -36,10 +34,7 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 			}
 			o.StateDir = g.stateDir
 			if gogc != "" {
-				if _, err := strconv.Atoi(gogc); err != nil {
-					return usageError{errf("--controlplane-gogc %q: want an integer percentage such as 50", gogc)}
-				}
-				o.ControlPlaneEnv = append(o.ControlPlaneEnv, controlplane.SteadyGOGCEnv+"="+gogc)
+				o.ControlPlaneEnv = append(o.ControlPlaneEnv, "GOGC="+gogc)
 			}
 			log := newLogger(os.Stderr, level)
 			return daemon.Run(cmd.Context(), o, log)
@@ -58,7 +53,7 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.Int32Var(&o.Defaults.NodeCPUs, "default-node-cpus", 1, "vCPUs per worker node, for a cluster that does not say")
 	f.StringVar(&memory, "default-node-memory", "1Gi", "memory per worker node, for a cluster that does not say")
 	f.Int32Var(&o.Defaults.PodsPerNode, "default-pods-per-node", 110, "max pods per worker node, for a cluster that does not say")
-	f.StringVar(&gogc, "controlplane-gogc", "50", `GOGC of each control-plane process once it is Ready ("" leaves Go's default): lower trades CPU for memory`)
+	f.StringVar(&gogc, "controlplane-gogc", "50", `GOGC of each control-plane process ("" leaves Go's default): lower trades CPU for memory`)
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	documentEnv(f)
 	return cmd

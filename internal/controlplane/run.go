@@ -9,8 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"runtime/debug"
-	"strconv"
 	"time"
 
 	"github.com/k3s-io/kine/pkg/endpoint"
@@ -31,19 +29,7 @@ import (
 // them fails; either way every component is stopped before it returns. It is
 // meant to be called once per process: the Kubernetes components keep
 // process-wide state (metrics registries, feature gates, klog).
-// SteadyGOGCEnv names the GOGC a control plane switches to once Ready.
-// Start-up allocates a lot and briefly (OpenAPI, discovery, RBAC
-// bootstrap): a low GOGC there costs seconds of collection for memory that
-// is garbage a moment later, so start-up runs at startupGOGC.
-const SteadyGOGCEnv = "SOCIALWEB_CONTROLPLANE_GOGC"
-
-const startupGOGC = 400
-
 func Run(parent context.Context, c Config, log *slog.Logger) error {
-	steadyGOGC, steady := os.LookupEnv(SteadyGOGCEnv)
-	if steady {
-		debug.SetGCPercent(startupGOGC)
-	}
 	if err := os.Chdir(c.Dir); err != nil {
 		return fmt.Errorf("entering control-plane dir: %w", err)
 	}
@@ -66,9 +52,6 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 		return err
 	}
 	log.Info("apiserver ready", "url", c.URL(), "elapsed", time.Since(start).Round(time.Millisecond))
-	if pct, err := strconv.Atoi(steadyGOGC); steady && err == nil {
-		debug.SetGCPercent(pct)
-	}
 	if c.Tenant {
 		if err := bootstrapTenant(ctx, c); err != nil {
 			return fmt.Errorf("bootstrapping %s for node joins: %w", c.Name, err)
