@@ -55,6 +55,24 @@ func Observe(pid int) (Identity, error) {
 	return Identity{PID: pid, StartTime: start, Cmdline: cmdline}, nil
 }
 
+// ObserveStarted reads the identity of a child that exec.Cmd.Start just returned. Start
+// returns once the kernel has switched the child to the new program but possibly before it
+// has copied the arguments, and /proc/PID/cmdline reads empty in that window; an identity
+// recorded then would never match again. So it waits (up to two seconds) for a cmdline.
+func ObserveStarted(pid int) (Identity, error) {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		id, err := Observe(pid)
+		if err != nil || len(id.Cmdline) > 0 && id.Cmdline[0] != "" {
+			return id, err
+		}
+		if time.Now().After(deadline) {
+			return id, fmt.Errorf("process %d still has no command line two seconds after it started", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // Same reports whether two identities name the same process.
 func (a Identity) Same(b Identity) bool {
 	if a.PID != b.PID || a.StartTime != b.StartTime || len(a.Cmdline) != len(b.Cmdline) {

@@ -200,7 +200,7 @@ func (s *Supervisor) startOnce(p *proc) (*exec.Cmd, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	id, err := Observe(cmd.Process.Pid)
+	id, err := ObserveStarted(cmd.Process.Pid)
 	if err == nil {
 		err = writeRecord(p.spec.RecordPath, id)
 	}

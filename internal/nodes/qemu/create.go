@@ -323,7 +323,7 @@ func (p *Provider) start(inst *instance, l launch) error {
 		close(done)
 		p.log.Info("node VM exited", "node", l.Name, "pid", cmd.Process.Pid, "status", exitText(err))
 	}()
-	id, err := supervisor.Observe(cmd.Process.Pid)
+	id, err := supervisor.ObserveStarted(cmd.Process.Pid)
 	if err != nil {
 		_ = cmd.Process.Kill()
 		<-done

@@ -340,6 +340,10 @@ func (p *Provider) Recover(ctx context.Context) (RecoverResult, error) {
 			keepIDs = append(keepIDs, *rec.Process)
 			continue
 		}
+		if rec.Process != nil {
+			cur, err := supervisor.Observe(rec.Process.PID)
+			p.log.Info("the qemu process a node record names is gone", "node", name, "pid", rec.Process.PID, "running", strings.Join(cur.Cmdline, " "), "err", err)
+		}
 		dead = append(dead, inst)
 	}
 
