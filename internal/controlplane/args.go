@@ -44,6 +44,9 @@ func apiserverArgs(c Config) []string {
 			"--authorization-mode=Node,RBAC",
 			"--enable-bootstrap-token-auth=true",
 			"--enable-admission-plugins=NodeRestriction",
+			// Node names are unique per boot and resolve nowhere; the node's address
+			// (set by the kubelet and the cloud controller) is how logs and exec reach it.
+			"--kubelet-preferred-address-types=InternalIP,Hostname",
 		)
 	} else {
 		// The management API advertises loopback, which the endpoint

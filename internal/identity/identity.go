@@ -27,6 +27,9 @@ type Identity struct {
 	APIServer string `json:"apiServer"`
 	// CACert is the tenant's server CA (PEM).
 	CACert string `json:"caCert"`
+	// ClientCACert is the tenant's client CA (PEM): the kubelet verifies the apiserver's
+	// kubelet-client certificate (logs, exec, port-forward) against it.
+	ClientCACert string `json:"clientCACert"`
 	// BootstrapToken is "<id>.<secret>", short-lived, for TLS bootstrap.
 	BootstrapToken string `json:"bootstrapToken"`
 	// Address is the node's address with prefix, e.g. 10.250.3.2/24.
@@ -58,6 +61,7 @@ func (id Identity) Validate() error {
 	need("providerID", id.ProviderID)
 	need("apiServer", id.APIServer)
 	need("caCert", id.CACert)
+	need("clientCACert", id.ClientCACert)
 	need("bootstrapToken", id.BootstrapToken)
 	if _, _, err := net.ParseCIDR(id.Address); err != nil {
 		errs = append(errs, fmt.Errorf("address %q is not an address/prefix", id.Address))

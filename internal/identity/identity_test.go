@@ -9,7 +9,7 @@ import (
 func sample() Identity {
 	return Identity{
 		Cluster: "ci", NodeName: "ci-abc123", ProviderID: "socialweb://ci/ci-abc123",
-		APIServer: "https://10.250.3.1:7500", CACert: "-----BEGIN CERTIFICATE-----\n...", BootstrapToken: "abcdef.0123456789abcdef",
+		APIServer: "https://10.250.3.1:7500", CACert: "-----BEGIN CERTIFICATE-----\n...", ClientCACert: "-----BEGIN CERTIFICATE-----\n...", BootstrapToken: "abcdef.0123456789abcdef",
 		Address: "10.250.3.2/24", Gateway: "10.250.3.1", DNS: "10.250.3.1", ClusterDNS: "10.251.0.10",
 		Registry: "http://10.250.3.1:5000", MaxPods: 110, Labels: map[string]string{"a": "b"},
 	}

@@ -32,6 +32,7 @@ type Minter struct {
 	Tenant    kubernetes.Interface
 	APIServer string // https://<gateway>:<port>
 	CACert    []byte // the tenant's server CA, PEM
+	ClientCA  []byte // the tenant's client CA, PEM (signs the apiserver's kubelet client cert)
 	Plan      nodenet.Plan
 	Registry  string // http://<gateway>:<port>
 	TTL       time.Duration
@@ -74,6 +75,7 @@ func (m Minter) Identity(ctx context.Context, req nodes.NodeRequest, addr net.IP
 		ProviderID:     nodes.ProviderID(req.Cluster, req.Name),
 		APIServer:      m.APIServer,
 		CACert:         string(m.CACert),
+		ClientCACert:   string(m.ClientCA),
 		BootstrapToken: id + "." + secret,
 		Address:        addr.String() + "/" + strconv.Itoa(ones),
 		Gateway:        m.Plan.Gateway.String(),

@@ -18,7 +18,7 @@ func TestIdentityRegistersAShortLivedToken(t *testing.T) {
 	plan, _ := nodenet.ForIndex(3)
 	kube := fake.NewSimpleClientset()
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	m := Minter{Tenant: kube, APIServer: "https://10.250.3.1:7500", CACert: []byte("PEM"), Plan: plan,
+	m := Minter{Tenant: kube, APIServer: "https://10.250.3.1:7500", CACert: []byte("PEM"), ClientCA: []byte("CLIENT PEM"), Plan: plan,
 		Registry: "http://10.250.3.1:5000", TTL: 10 * time.Minute, Now: func() time.Time { return now }}
 	req := nodes.NodeRequest{Cluster: "ci", Name: "ci-abc", CPUs: 1, MemoryMiB: 1024, MaxPods: 110, Labels: map[string]string{"x": "y"}}
 	id, err := m.Identity(context.Background(), req, net.ParseIP("10.250.3.2"), "02:00:00:00:00:01")

@@ -37,6 +37,9 @@ type Options struct {
 	Steps Steps
 	// Ext4Method chooses how rootfs.ext4 is filled; "" is Ext4Auto.
 	Ext4Method Ext4Method
+	// Rebuild makes Ensure build even when an image with the fingerprint exists; the new
+	// image replaces it.
+	Rebuild bool
 	// Tools overrides host tool paths by name (e.g. "mkfs.ext4": "/opt/e2fsprogs/...").
 	Tools map[string]string
 }
@@ -226,7 +229,7 @@ func Ensure(ctx context.Context, spec Spec, opts Options) (Result, error) {
 		}
 		return Result{State: StateReused, Fingerprint: fp, Dir: final, Manifest: m, Duration: time.Since(t0)}, true
 	}
-	if r, ok := reused(); ok {
+	if r, ok := reused(); ok && !opts.Rebuild {
 		return r, nil
 	}
 	var errs []error
@@ -254,12 +257,16 @@ func Ensure(ctx context.Context, spec Spec, opts Options) (Result, error) {
 		return Result{}, err
 	}
 	defer unlock()
-	if r, ok := reused(); ok { // another process built it while we waited
+	if r, ok := reused(); ok && !opts.Rebuild { // another process built it while we waited
 		return r, nil
 	}
-	// Leftovers of crashed builds of this fingerprint, and an incomplete final directory.
+	// Leftovers of crashed builds of this fingerprint, and an incomplete final directory
+	// (a complete one being rebuilt stays usable until the new one replaces it).
 	stale, _ := filepath.Glob(filepath.Join(images, ".build-"+fp[:16]+"-*"))
-	for _, s := range append(stale, final) {
+	if _, ok := reused(); !ok {
+		stale = append(stale, final)
+	}
+	for _, s := range stale {
 		if err := removeTree(s); err != nil {
 			return Result{}, err
 		}
@@ -283,6 +290,11 @@ func Ensure(ctx context.Context, spec Spec, opts Options) (Result, error) {
 	b.Progress("ensure", "building image %s in %s", fp[:16], buildDir)
 	if err := steps.Run(ctx, b); err != nil {
 		return Result{Fingerprint: fp}, err
+	}
+	if _, err := os.Stat(final); err == nil { // Rebuild: move the old image aside first
+		if err := os.Rename(final, filepath.Join(buildDir, "old")); err != nil {
+			return Result{}, err
+		}
 	}
 	if err := os.Rename(b.OutDir, final); err != nil {
 		return Result{}, err

@@ -107,7 +107,14 @@ func LoadSpec(file string) (Spec, error) {
 // are errors), applies defaults and validates. Empty input means "all defaults". The
 // mirror default comes from the host's apt sources (HostMirror).
 func ParseSpec(data []byte) (Spec, error) {
-	var s Spec
+	return ParseSpecOver(Spec{}, data)
+}
+
+// ParseSpecOver is ParseSpec with base's fields in place of the keys data does not set
+// (a caller's own defaults, such as an init other than DefaultInit).
+func ParseSpecOver(base Spec, data []byte) (Spec, error) {
+	s := base
+	s.Packages = append([]string(nil), base.Packages...)
 	if len(bytes.TrimSpace(data)) > 0 {
 		if err := checkKeys(data); err != nil {
 			return Spec{}, err

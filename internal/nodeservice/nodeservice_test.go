@@ -30,7 +30,7 @@ func TestHostRunsAClustersNodeServices(t *testing.T) {
 	defer cancel()
 	c := Cluster{
 		Name: "ci", Tenant: tenant, NodeSize: scale.NodeSize{CPUs: 1, MemoryMiB: 1024, MaxPods: 110}, MaxNodes: 2, Hold: time.Second,
-		Minter: join.Minter{Tenant: tenant, APIServer: "https://10.250.7.1:7500", CACert: []byte("PEM"), Plan: plan},
+		Minter: join.Minter{Tenant: tenant, APIServer: "https://10.250.7.1:7500", CACert: []byte("PEM"), ClientCA: []byte("CLIENT PEM"), Plan: plan},
 	}
 	if err := h.Start(ctx, c); err != nil {
 		t.Fatal(err)

@@ -61,7 +61,12 @@ func (p *Provider) startNodeServices(ctx context.Context, c *v1.Cluster, l lease
 	if err != nil {
 		return err
 	}
-	ca, err := os.ReadFile(controlplane.Config{Dir: dir}.PKI().ServerCA)
+	paths := controlplane.Config{Dir: dir}.PKI()
+	ca, err := os.ReadFile(paths.ServerCA)
+	if err != nil {
+		return err
+	}
+	clientCA, err := os.ReadFile(paths.ClientCA)
 	if err != nil {
 		return err
 	}
@@ -70,7 +75,7 @@ func (p *Provider) startNodeServices(ctx context.Context, c *v1.Cluster, l lease
 		Name:   c.Name,
 		Tenant: tenant,
 		Minter: join.Minter{
-			Tenant: tenant, APIServer: fmt.Sprintf("https://%s:%d", gw, l.Port), CACert: ca, Plan: plan,
+			Tenant: tenant, APIServer: fmt.Sprintf("https://%s:%d", gw, l.Port), CACert: ca, ClientCA: clientCA, Plan: plan,
 			Registry: fmt.Sprintf("http://%s:%d", gw, RegistryPort),
 		},
 		NodeSize: scale.NodeSize{

@@ -37,7 +37,9 @@ func (l launch) args() []string {
 	if l.Accel == AccelKVM {
 		a = append(a, "-accel", "kvm", "-cpu", "host")
 	} else {
-		a = append(a, "-accel", "tcg")
+		// qemu64 lacks RDRAND, and without it the guest kernel's entropy pool takes about
+		// 20 s to initialise under TCG, which stalls every TLS handshake of the agent.
+		a = append(a, "-accel", "tcg", "-cpu", "qemu64,+rdrand")
 	}
 	a = append(a,
 		"-smp", strconv.FormatInt(l.CPUs, 10),

@@ -37,8 +37,8 @@ func TestArgs(t *testing.T) {
 			if got := argAfter(a, "-accel"); !slices.Equal(got, []string{"tcg"}) {
 				t.Errorf("-accel %v, want tcg", got)
 			}
-			if slices.Contains(a, "-cpu") {
-				t.Errorf("-cpu under tcg: %v", a)
+			if got := argAfter(a, "-cpu"); !slices.Equal(got, []string{"qemu64,+rdrand"}) {
+				t.Errorf("-cpu %v under tcg, want qemu64,+rdrand (guest entropy)", got)
 			}
 		}},
 		{"kvm", func(l *launch) { l.Accel = AccelKVM }, func(t *testing.T, a []string) {

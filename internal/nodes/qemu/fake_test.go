@@ -233,7 +233,7 @@ func (j *fakeJoiner) Identity(ctx context.Context, req nodes.NodeRequest, addr n
 		gw := addr.To4()
 		api = fmt.Sprintf("https://%d.%d.%d.1:6443", gw[0], gw[1], gw[2])
 	}
-	id := identity.Identity{APIServer: api, CACert: "-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n",
+	id := identity.Identity{APIServer: api, CACert: "-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n", ClientCACert: "-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n",
 		BootstrapToken: "abcdef.0123456789abcdef", Registry: "http://" + strings.TrimPrefix(strings.TrimSuffix(api, ":6443"), "https://") + ":5000"}
 	if j.override != nil {
 		j.override(&id)

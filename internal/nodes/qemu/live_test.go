@@ -54,7 +54,7 @@ func requireLive(t *testing.T) {
 type liveJoiner struct{ api string }
 
 func (j liveJoiner) Identity(ctx context.Context, req nodes.NodeRequest, addr net.IP, mac string) (identity.Identity, error) {
-	return identity.Identity{APIServer: j.api, CACert: "-----BEGIN CERTIFICATE-----\nlive-test\n-----END CERTIFICATE-----\n",
+	return identity.Identity{APIServer: j.api, CACert: "-----BEGIN CERTIFICATE-----\nlive-test\n-----END CERTIFICATE-----\n", ClientCACert: "-----BEGIN CERTIFICATE-----\nlive-test\n-----END CERTIFICATE-----\n",
 		BootstrapToken: "abcdef.0123456789abcdef"}, nil
 }
 

@@ -1,0 +1,478 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/socialweb-computer/socialweb/internal/identity"
+)
+
+func sampleIdentity() identity.Identity {
+	return identity.Identity{
+		Cluster: "ci", NodeName: "ci-abc123", ProviderID: "socialweb://ci/ci-abc123",
+		APIServer: "https://10.250.3.1:7500", CACert: testCA, ClientCACert: testCA, BootstrapToken: "abcdef.0123456789abcdef",
+		Address: "10.250.3.2/24", Gateway: "10.250.3.1", DNS: "10.250.3.1", ClusterDNS: "10.251.0.10",
+		Registry: "http://10.250.3.1:5000", MaxPods: 110, Labels: map[string]string{"socialweb.computer/pool": "default"},
+		MAC: "52:54:00:12:34:56",
+	}
+}
+
+// A throwaway self-signed CA (the kubelet's config loader does not read it;
+// the bootstrap kubeconfig only names its path).
+const testCA = "-----BEGIN CERTIFICATE-----\nMIIBdzCCAR2gAwIBAgIBATAKBggqhkjOPQQDAjAVMRMwEQYDVQQDEwp0ZXN0LWNh\n-----END CERTIFICATE-----\n"
+
+func TestContainerdConfig(t *testing.T) {
+	l := DefaultLayout()
+	tests := []struct {
+		name    string
+		opts    ContainerdOptions
+		want    []string
+		notWant []string
+		wantErr string
+	}{
+		{
+			name: "containerd 2.x: version 3, cri.v1 plugins",
+			opts: ContainerdOptions{Major: 2, SandboxImage: "registry.k8s.io/pause:3.10"},
+			want: []string{
+				"version = 3\n",
+				`address = "/run/containerd/containerd.sock"`,
+				"[plugins.'io.containerd.cri.v1.images'.pinned_images]\n  sandbox = \"registry.k8s.io/pause:3.10\"",
+				"[plugins.'io.containerd.cri.v1.images'.registry]\n  config_path = \"/etc/containerd/certs.d\"",
+				"SystemdCgroup = false",
+				`bin_dirs = ["/usr/lib/cni"]`,
+				`conf_dir = "/etc/cni/net.d"`,
+				`conf_template = "/etc/containerd/cni.conflist.tmpl"`,
+				`level = "warn"`,
+				`snapshotter = "overlayfs"`,
+			},
+			notWant: []string{"io.containerd.grpc.v1.cri", "sandbox_image"},
+		},
+		{
+			name: "containerd 1.6: version 2, grpc.v1.cri plugin",
+			opts: ContainerdOptions{Major: 1, SandboxImage: "registry.k8s.io/pause:3.10", LogLevel: "info"},
+			want: []string{
+				"version = 2\n",
+				`sandbox_image = "registry.k8s.io/pause:3.10"`,
+				"[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"/etc/containerd/certs.d\"",
+				`bin_dir = "/usr/lib/cni"`,
+				`conf_template = "/etc/containerd/cni.conflist.tmpl"`,
+				"SystemdCgroup = false",
+				`level = "info"`,
+			},
+			notWant: []string{"cri.v1", "bin_dirs"},
+		},
+		{name: "unknown major", opts: ContainerdOptions{Major: 3, SandboxImage: "x"}, wantErr: "unsupported containerd major version 3"},
+		{name: "no sandbox image", opts: ContainerdOptions{Major: 2}, wantErr: "no sandbox image"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ContainerdConfig(l, tt.opts)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(string(got), w) {
+					t.Errorf("config lacks %q:\n%s", w, got)
+				}
+			}
+			for _, w := range tt.notWant {
+				if strings.Contains(string(got), w) {
+					t.Errorf("config has %q:\n%s", w, got)
+				}
+			}
+		})
+	}
+}
+
+func TestContainerdConfigQuotesPaths(t *testing.T) {
+	l := DefaultLayout().Under(`/tmp/a "quoted" dir`)
+	got, err := ContainerdConfig(l, ContainerdOptions{Major: 2, SandboxImage: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(got), `root = "/tmp/a \"quoted\" dir/var/lib/containerd"`) {
+		t.Errorf("paths are not escaped:\n%s", got)
+	}
+}
+
+func TestHostsTOML(t *testing.T) {
+	tests := []struct {
+		registry string
+		want     string
+		wantErr  bool
+	}{
+		{"http://10.250.3.1:5000", "server = \"http://10.250.3.1:5000\"\n\n[host.\"http://10.250.3.1:5000\"]\n  capabilities = [\"pull\", \"resolve\"]\n", false},
+		{"http://10.250.3.1:5000/", "server = \"http://10.250.3.1:5000\"", false},
+		{"https://registry.local", "server = \"https://registry.local\"", false},
+		{"10.250.3.1:5000", "", true},
+		{"http://10.250.3.1:5000/v2/prefix", "", true},
+		{"ftp://x", "", true},
+		{"", "", true},
+	}
+	for _, tt := range tests {
+		got, err := HostsTOML(tt.registry)
+		if tt.wantErr {
+			if err == nil {
+				t.Errorf("HostsTOML(%q) accepted: %s", tt.registry, got)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("HostsTOML(%q): %v", tt.registry, err)
+			continue
+		}
+		if !strings.Contains(string(got), tt.want) {
+			t.Errorf("HostsTOML(%q) =\n%s\nwant it to contain\n%s", tt.registry, got, tt.want)
+		}
+		if strings.Contains(string(got), "skip_verify") {
+			t.Errorf("HostsTOML(%q) skips TLS verification", tt.registry)
+		}
+	}
+}
+
+func TestContainerdAndRegistryFiles(t *testing.T) {
+	l := DefaultLayout()
+	files, err := ContainerdFiles(l, ContainerdOptions{Major: 2, SandboxImage: "p"}, CNIOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for _, f := range files {
+		paths = append(paths, f.Path)
+	}
+	if want := []string{"/etc/containerd/config.toml", "/etc/containerd/cni.conflist.tmpl"}; !reflect.DeepEqual(paths, want) {
+		t.Errorf("containerd files %v, want %v", paths, want)
+	}
+	tests := []struct {
+		registry string
+		wantPath string
+		wantErr  bool
+	}{
+		{"http://10.250.3.1:5000", "/etc/containerd/certs.d/_default/hosts.toml", false},
+		{"", "", false},
+		{"10.250.3.1:5000", "", true},
+	}
+	for _, tt := range tests {
+		id := sampleIdentity()
+		id.Registry = tt.registry
+		f, err := RegistryFile(id, l)
+		if (err != nil) != tt.wantErr {
+			t.Errorf("RegistryFile(%q): %v", tt.registry, err)
+			continue
+		}
+		got := ""
+		if f != nil {
+			got = f.Path
+		}
+		if got != tt.wantPath {
+			t.Errorf("RegistryFile(%q) path %q, want %q", tt.registry, got, tt.wantPath)
+		}
+	}
+}
+
+type conflist struct {
+	CNIVersion string `json:"cniVersion"`
+	Name       string `json:"name"`
+	Plugins    []struct {
+		Type         string          `json:"type"`
+		Bridge       string          `json:"bridge"`
+		IsGateway    bool            `json:"isGateway"`
+		IPMasq       bool            `json:"ipMasq"`
+		Capabilities map[string]bool `json:"capabilities"`
+		IPAM         struct {
+			Type   string                `json:"type"`
+			Ranges [][]map[string]string `json:"ranges"`
+			Routes []map[string]string   `json:"routes"`
+		} `json:"ipam"`
+	} `json:"plugins"`
+}
+
+func TestCNITemplate(t *testing.T) {
+	tests := []struct {
+		name       string
+		opts       CNIOptions
+		cidrs      []string
+		wantRanges []string
+		wantRoutes []string
+	}{
+		{"one IPv4 pod CIDR", CNIOptions{}, []string{"10.3.1.0/24"}, []string{"10.3.1.0/24"}, []string{"0.0.0.0/0"}},
+		{"masquerade", CNIOptions{Masquerade: true, Bridge: "pods"}, []string{"10.3.2.0/24"}, []string{"10.3.2.0/24"}, []string{"0.0.0.0/0"}},
+		{"dual stack", CNIOptions{}, []string{"10.3.1.0/24", "fd00:3:1::/64"}, []string{"10.3.1.0/24", "fd00:3:1::/64"}, []string{"0.0.0.0/0", "::/0"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := RenderCNITemplate(CNITemplate(tt.opts), tt.cidrs...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var c conflist
+			if err := json.Unmarshal(out, &c); err != nil {
+				t.Fatalf("rendered conflist is not JSON: %v\n%s", err, out)
+			}
+			if len(c.Plugins) != 2 || c.Plugins[0].Type != "bridge" || c.Plugins[1].Type != "portmap" {
+				t.Fatalf("plugins = %+v, want bridge, portmap", c.Plugins)
+			}
+			br := c.Plugins[0]
+			wantBridge := tt.opts.Bridge
+			if wantBridge == "" {
+				wantBridge = "cni0"
+			}
+			if br.Bridge != wantBridge || !br.IsGateway || br.IPMasq != tt.opts.Masquerade || br.IPAM.Type != "host-local" {
+				t.Errorf("bridge plugin = %+v", br)
+			}
+			var ranges, routes []string
+			for _, r := range br.IPAM.Ranges {
+				ranges = append(ranges, r[0]["subnet"])
+			}
+			for _, r := range br.IPAM.Routes {
+				routes = append(routes, r["dst"])
+			}
+			if !reflect.DeepEqual(ranges, tt.wantRanges) || !reflect.DeepEqual(routes, tt.wantRoutes) {
+				t.Errorf("ranges %v routes %v, want %v %v", ranges, routes, tt.wantRanges, tt.wantRoutes)
+			}
+			if !c.Plugins[1].Capabilities["portMappings"] {
+				t.Errorf("portmap lacks the portMappings capability")
+			}
+		})
+	}
+}
+
+func TestBootstrapKubeconfig(t *testing.T) {
+	l := DefaultLayout()
+	b, err := BootstrapKubeconfig(sampleIdentity(), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.Load(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := cfg.Contexts[cfg.CurrentContext]
+	if ctx == nil {
+		t.Fatalf("no current context: %s", b)
+	}
+	cl, ai := cfg.Clusters[ctx.Cluster], cfg.AuthInfos[ctx.AuthInfo]
+	if cl.Server != "https://10.250.3.1:7500" || cl.CertificateAuthority != l.CACert || ai.Token != "abcdef.0123456789abcdef" {
+		t.Errorf("bootstrap kubeconfig: cluster %+v user %+v", cl, ai)
+	}
+}
+
+func TestResolvConfAndHosts(t *testing.T) {
+	tests := []struct {
+		name      string
+		got, want string
+	}{
+		{"resolv.conf", string(ResolvConf(sampleIdentity())), "\nnameserver 10.250.3.1\n"},
+		{"hosts: node name", string(Hosts(sampleIdentity())), "\n10.250.3.2\tci-abc123\n"},
+		{"hosts: localhost", string(Hosts(sampleIdentity())), "\n127.0.0.1\tlocalhost\n"},
+	}
+	for _, tt := range tests {
+		if !strings.Contains(tt.got, tt.want) {
+			t.Errorf("%s = %q, want it to contain %q", tt.name, tt.got, tt.want)
+		}
+	}
+	if n := strings.Count(string(ResolvConf(sampleIdentity())), "nameserver"); n != 1 {
+		t.Errorf("resolv.conf has %d nameservers, want 1", n)
+	}
+}
+
+// TestKubeletConfigLoads writes the generated configuration and flags and
+// loads them with the kubelet's own loader, defaulting and validation, as
+// the node does.
+func TestKubeletConfigLoads(t *testing.T) {
+	tests := []struct {
+		name    string
+		mutate  func(*identity.Identity)
+		check   func(t *testing.T, id identity.Identity, a *Agent)
+		wantErr string
+	}{
+		{name: "node", mutate: func(*identity.Identity) {}},
+		{name: "no cluster DNS", mutate: func(id *identity.Identity) { id.ClusterDNS = "" },
+			check: func(t *testing.T, id identity.Identity, a *Agent) {
+				if len(a.KubeletServer.ClusterDNS) != 0 {
+					t.Errorf("clusterDNS = %v, want none", a.KubeletServer.ClusterDNS)
+				}
+			}},
+		{name: "several labels", mutate: func(id *identity.Identity) {
+			id.Labels = map[string]string{"b": "2", "a": "1", "node.kubernetes.io/pool": ""}
+		}, check: func(t *testing.T, id identity.Identity, a *Agent) {
+			if want := "--node-labels=a=1,b=2,node.kubernetes.io/pool="; a.KubeletFlags[len(a.KubeletFlags)-1] != want {
+				t.Errorf("last flag %q, want %q", a.KubeletFlags[len(a.KubeletFlags)-1], want)
+			}
+		}},
+		{name: "label the kubelet may not set", mutate: func(id *identity.Identity) {
+			id.Labels = map[string]string{"kubernetes.io/forbidden": "x"}
+		}, wantErr: "kubernetes.io/forbidden"},
+		{name: "label with a comma", mutate: func(id *identity.Identity) { id.Labels = map[string]string{"a": "1,2"} }, wantErr: "contains ','"},
+		{name: "bad cluster DNS", mutate: func(id *identity.Identity) { id.ClusterDNS = "dns" }, wantErr: "clusterDNS"},
+		{name: "few pods", mutate: func(id *identity.Identity) { id.MaxPods = 8 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := sampleIdentity()
+			tt.mutate(&id)
+			l := DefaultLayout().Under(t.TempDir())
+			// The guest has cgroup v2; the kubelet's validation looks at this host.
+			_, err := os.Stat("/sys/fs/cgroup/cgroup.controllers")
+			a := New(Config{Layout: l, Kubelet: KubeletOptions{AllowCgroupV1: err != nil}})
+			a.Identity = id
+			err = stepKubeletConfig(context.Background(), a)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := a.KubeletServer
+			checks := []struct {
+				what     string
+				got, exp any
+			}{
+				{"hostname-override", s.HostnameOverride, id.NodeName},
+				{"node-ip", s.NodeIP, "10.250.3.2"},
+				{"kubeconfig", s.KubeConfig, l.Kubeconfig},
+				{"bootstrap-kubeconfig", s.BootstrapKubeconfig, l.BootstrapKubeconfig},
+				{"cert-dir", s.CertDirectory, l.KubeletCertDir},
+				{"root-dir", s.RootDirectory, l.KubeletRoot},
+				{"node labels", s.NodeLabels, id.Labels},
+				{"providerID", s.ProviderID, id.ProviderID},
+				{"maxPods", s.MaxPods, int32(id.MaxPods)},
+				{"cgroupDriver", s.CgroupDriver, "cgroupfs"},
+				{"cgroupsPerQOS", s.CgroupsPerQOS, true},
+				{"clusterDomain", s.ClusterDomain, "cluster.local"},
+				{"failSwapOn", s.FailSwapOn, false},
+				{"resolvConf", s.ResolverConfig, l.ResolvConf},
+				{"rotateCertificates", s.RotateCertificates, true},
+				{"serverTLSBootstrap", s.ServerTLSBootstrap, false},
+				{"registerNode", s.RegisterNode, true},
+				{"runtime endpoint", s.ContainerRuntimeEndpoint, "unix://" + l.ContainerdSocket},
+				{"port", s.Port, int32(10250)},
+				{"read-only port", s.ReadOnlyPort, int32(0)},
+				{"client CA", s.Authentication.X509.ClientCAFile, l.ClientCACert},
+				{"anonymous", s.Authentication.Anonymous.Enabled, false},
+				{"webhook authn", s.Authentication.Webhook.Enabled, true},
+				{"authz mode", string(s.Authorization.Mode), "Webhook"},
+				{"pod CIDR (from the Node object)", s.PodCIDR, ""},
+				{"serving cert", s.TLSCertFile, l.KubeletServingCert},
+				{"serving key", s.TLSPrivateKeyFile, l.KubeletServingKey},
+			}
+			if id.ClusterDNS != "" {
+				checks = append(checks, struct {
+					what     string
+					got, exp any
+				}{"clusterDNS", s.ClusterDNS, []string{id.ClusterDNS}})
+			}
+			for _, c := range checks {
+				if !reflect.DeepEqual(c.got, c.exp) {
+					t.Errorf("%s = %#v, want %#v", c.what, c.got, c.exp)
+				}
+			}
+			if st, err := os.Stat(l.BootstrapKubeconfig); err != nil || st.Mode().Perm() != 0o600 {
+				t.Errorf("bootstrap kubeconfig: %v, %v; want mode 0600", st, err)
+			}
+			if b, err := os.ReadFile(l.CACert); err != nil || string(b) != id.CACert {
+				t.Errorf("CA file: %q, %v", b, err)
+			}
+			if !servingCertValid(l, id) {
+				t.Errorf("no valid serving certificate for %s at %s", id.NodeName, l.KubeletServingCert)
+			}
+			if tt.check != nil {
+				tt.check(t, id, a)
+			}
+		})
+	}
+}
+
+func TestKubeletFlags(t *testing.T) {
+	l := DefaultLayout()
+	got, err := KubeletFlags(sampleIdentity(), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"--kubeconfig=/etc/kubernetes/kubelet.conf",
+		"--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf",
+		"--cert-dir=/var/lib/kubelet/pki",
+		"--root-dir=/var/lib/kubelet",
+		"--hostname-override=ci-abc123",
+		"--node-ip=10.250.3.2",
+		"--node-labels=socialweb.computer/pool=default",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("flags =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	id := sampleIdentity()
+	id.Address = "10.250.3.2"
+	if _, err := KubeletFlags(id, l); err == nil {
+		t.Error("an address without a prefix was accepted")
+	}
+}
+
+func TestLayoutUnder(t *testing.T) {
+	l := DefaultLayout().Under("/x")
+	for _, p := range l.fields() {
+		if !strings.HasPrefix(*p, "/x/") {
+			t.Errorf("%s is not under /x", *p)
+		}
+	}
+	if filepath.Clean(l.ContainerdConfig) != "/x/etc/containerd/config.toml" {
+		t.Errorf("ContainerdConfig = %s", l.ContainerdConfig)
+	}
+}
+
+func TestServingCert(t *testing.T) {
+	id := sampleIdentity()
+	crt, key, err := ServingCert(id, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := tls.X509KeyPair(crt, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"ci-abc123", "10.250.3.2"} {
+		if err := c.VerifyHostname(name); err != nil {
+			t.Errorf("serving cert not valid for %s: %v", name, err)
+		}
+	}
+	if c.VerifyHostname("10.250.3.3") == nil {
+		t.Error("serving cert valid for another address")
+	}
+	if len(c.ExtKeyUsage) != 1 || c.ExtKeyUsage[0] != x509.ExtKeyUsageServerAuth {
+		t.Errorf("ext key usage %v", c.ExtKeyUsage)
+	}
+	// Kept across boots for the same node, replaced for another.
+	l := DefaultLayout().Under(t.TempDir())
+	writeFiles([]File{{l.KubeletServingCert, crt, 0o644}, {l.KubeletServingKey, key, 0o600}})
+	if !servingCertValid(l, id) {
+		t.Error("the certificate just written is not valid for its node")
+	}
+	other := id
+	other.NodeName = "ci-other"
+	if servingCertValid(l, other) {
+		t.Error("a certificate for another node is accepted")
+	}
+}

@@ -1,0 +1,238 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/remotecommand"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/livetest"
+	"github.com/socialweb-computer/socialweb/internal/nodeimage"
+)
+
+// nodeImage builds (or reuses) the node image with `socialweb image build --ensure`, the
+// command the README's main job runs, and returns its directory.
+func nodeImage(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		livetest.Skip(t, "needs root: building the node image (debootstrap, chroot), bridges and taps")
+	}
+	if err := nodeimage.CheckTools(nil, append(append([]string{}, nodeimage.BuildTools...), "qemu-system-x86_64")...); err != nil {
+		livetest.Skip(t, err.Error())
+	}
+	t0 := time.Now()
+	cmd := exec.Command(binary, "image", "build", "--ensure")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("socialweb image build --ensure: %v\n%s", err, tail(errb.String(), 30))
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var res struct{ State, Fingerprint, Dir string }
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		t.Fatalf("last line of image build is not JSON: %q: %v", lines[len(lines)-1], err)
+	}
+	if res.State != nodeimage.StateBuilt && res.State != nodeimage.StateReused || len(res.Fingerprint) != 64 {
+		t.Fatalf("image build result %+v", res)
+	}
+	if _, err := nodeimage.ReadManifest(res.Dir); err != nil {
+		t.Fatalf("image %s: %v", res.Dir, err)
+	}
+	t.Logf("node image %s (%s) in %s", res.Fingerprint[:12], res.State, time.Since(t0).Round(time.Millisecond))
+	return res.Dir
+}
+
+// TestFourStepProof is the seed's proof with a real microVM (qemu TCG where there is no
+// KVM): a tenant is Ready at zero nodes and stays there; a Pod makes the scale decision
+// Provision; a VM boots, joins with its providerID and goes Ready; the Pod runs and
+// `kubectl logs` and `kubectl exec` (the same API calls) reach it; once the Pod is gone
+// and the hold has passed, the node is drained, deleted and its VM gone, and the control
+// plane is still Ready at zero nodes.
+func TestFourStepProof(t *testing.T) {
+	img := nodeImage(t)
+	d := newDaemon(t, 1, "--node-image", img)
+	d.start()
+	const hold = 20 * time.Second
+	d.mustCLI("cluster", "create", "proof", "--wait", "--hold", hold.String(), "--max-nodes", "2")
+	cfg, k := d.tenant("proof")
+	ctx := ctxT(t, 15*time.Minute)
+	nodeCount := func() int {
+		t.Helper()
+		nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatalf("listing nodes: %v", err)
+		}
+		return len(nl.Items)
+	}
+
+	// 1. Ready at zero nodes.
+	if c := d.cluster("proof"); c.Status.Phase != v1.PhaseReady || nodeCount() != 0 {
+		t.Fatalf("step 1: phase %s with %d nodes, want Ready at 0", c.Status.Phase, nodeCount())
+	}
+	// 2. Still zero 20 s later.
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
+		if n := nodeCount(); n != 0 {
+			t.Fatalf("step 2: %d nodes appeared without any workload", n)
+		}
+	}
+	if qs := qemusOf(d.stateDir); len(qs) != 0 {
+		t.Fatalf("step 2: qemu running without a workload: %v", qs)
+	}
+
+	// 3. A Pod; the scale decision says Provision.
+	t0 := time.Now()
+	grace := int64(1)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "proof", Namespace: "default"},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: &grace,
+			Containers: []corev1.Container{{
+				Name: "main", Image: "busybox:stable",
+				Command: []string{"sh", "-c", "echo proof-ran-on-$(hostname); exec sleep 3600"},
+			}},
+		},
+	}
+	if _, err := k.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	livetest.Eventually(t, time.Minute, 250*time.Millisecond, "the scale decision to say Provision", func() bool {
+		c := d.cluster("proof")
+		return c.Status.LastScaleDecision != nil && c.Status.LastScaleDecision.Action == "Provision"
+	})
+	tProvision := time.Since(t0)
+
+	// 4. A qemu microVM boots.
+	livetest.Eventually(t, time.Minute, 250*time.Millisecond, "a qemu process for the cluster", func() bool {
+		return len(qemusOf(d.stateDir)) == 1
+	})
+	tVM := time.Since(t0)
+
+	// 5. The node joins with its providerID and goes Ready.
+	var node corev1.Node
+	livetest.Eventually(t, 5*time.Minute, time.Second, "a Ready node with a socialweb providerID", func() bool {
+		nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil || len(nl.Items) != 1 {
+			return false
+		}
+		node = nl.Items[0]
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue
+			}
+		}
+		return false
+	})
+	tNodeReady := time.Since(t0)
+	if want := "socialweb://proof/" + node.Name; node.Spec.ProviderID != want {
+		t.Errorf("step 5: providerID %q, want %q", node.Spec.ProviderID, want)
+	}
+	if !strings.HasPrefix(node.Name, "proof-") {
+		t.Errorf("step 5: node name %q, want proof-<unique>", node.Name)
+	}
+	var internal string
+	for _, a := range node.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			internal = a.Address
+		}
+	}
+	if !strings.HasPrefix(internal, "10.250.") {
+		t.Errorf("step 5: node addresses %v, want an InternalIP on the cluster's node network", node.Status.Addresses)
+	}
+
+	// 6. The Pod runs there; logs and exec reach it.
+	livetest.Eventually(t, 5*time.Minute, time.Second, "the Pod to run", func() bool {
+		p, err := k.CoreV1().Pods("default").Get(ctx, "proof", metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodRunning
+	})
+	tRunning := time.Since(t0)
+	p, _ := k.CoreV1().Pods("default").Get(ctx, "proof", metav1.GetOptions{})
+	if p.Spec.NodeName != node.Name {
+		t.Errorf("step 6: Pod on %q, want %q", p.Spec.NodeName, node.Name)
+	}
+	var logs []byte
+	livetest.Eventually(t, time.Minute, time.Second, "the Pod's log (kubectl logs)", func() bool {
+		var err error
+		logs, err = k.CoreV1().Pods("default").GetLogs("proof", &corev1.PodLogOptions{}).DoRaw(ctx)
+		return err == nil && bytes.Contains(logs, []byte("proof-ran-on-proof"))
+	})
+	stdout, err := execIn(ctx, cfg, k, "default", "proof", "sh", "-c", "echo exec-ok; cat /proc/1/cmdline | tr '\\0' ' '")
+	if err != nil || !strings.Contains(stdout, "exec-ok") || !strings.Contains(stdout, "sleep 3600") {
+		t.Errorf("step 6: exec: %q, %v", stdout, err)
+	}
+	t.Logf("timeline from Pod create: Provision %s, VM started %s, Node Ready %s, Pod Running %s",
+		tProvision.Round(time.Millisecond), tVM.Round(time.Millisecond), tNodeReady.Round(time.Millisecond), tRunning.Round(time.Millisecond))
+
+	// 7. Delete the Pod: after the hold, the node is drained and deleted, the VM gone.
+	if err := k.CoreV1().Pods("default").Delete(ctx, "proof", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tDeleted := time.Now()
+	livetest.Eventually(t, time.Minute, 500*time.Millisecond, "the Pod to be gone", func() bool {
+		_, err := k.CoreV1().Pods("default").Get(ctx, "proof", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	livetest.Eventually(t, hold+2*time.Minute, time.Second, "the node and its VM to be gone", func() bool {
+		return nodeCount() == 0 && len(qemusOf(d.stateDir)) == 0
+	})
+	if gone := time.Since(tDeleted); gone < hold {
+		t.Errorf("step 7: node gone %s after the Pod, before the %s hold", gone.Round(time.Millisecond), hold)
+	}
+	t.Logf("node and VM gone %s after the Pod was deleted (hold %s)", time.Since(tDeleted).Round(time.Millisecond), hold)
+
+	// 8. Zero nodes, control plane still Ready.
+	if c := d.cluster("proof"); c.Status.Phase != v1.PhaseReady || c.Status.Nodes != 0 || nodeCount() != 0 {
+		t.Errorf("step 8: phase %s, status nodes %d, %d Node objects; want Ready at 0", c.Status.Phase, c.Status.Nodes, nodeCount())
+	}
+	if _, err := k.Discovery().ServerVersion(); err != nil {
+		t.Errorf("step 8: apiserver: %v", err)
+	}
+	entries, _ := os.ReadDir(filepath.Join(d.stateDir, "nodes"))
+	for _, e := range entries {
+		if e.IsDir() {
+			t.Errorf("step 8: node directory left: %s", e.Name())
+		}
+	}
+}
+
+// qemusOf returns the qemu processes whose command line names stateDir.
+func qemusOf(stateDir string) []int {
+	var out []int
+	for _, pid := range processesMentioning(stateDir) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err == nil && bytes.Contains(b, []byte("qemu-system")) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// execIn runs a command in a Pod's first container as kubectl exec does and returns stdout.
+func execIn(ctx context.Context, cfg *rest.Config, k kubernetes.Interface, ns, pod string, command ...string) (string, error) {
+	req := k.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(pod).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Command: command, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	ex, err := remotecommand.NewWebSocketExecutor(cfg, "GET", req.URL().String())
+	if err != nil {
+		return "", err
+	}
+	var stdout, stderr bytes.Buffer
+	if err := ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr}); err != nil {
+		return stdout.String(), fmt.Errorf("%w (stderr %q)", err, stderr.String())
+	}
+	return stdout.String(), nil
+}
