@@ -45,6 +45,9 @@ const (
 	ConditionProvisioned = "Provisioned" // datastore, PKI and config are on disk
 	ConditionRunning     = "Running"     // the control-plane process is up
 	ConditionReady       = "Ready"       // the tenant apiserver answers /readyz
+	// ConditionNodeBoot is about the last node boot: True when a node joined, False when
+	// one died or did not join in time (the message carries its last console lines).
+	ConditionNodeBoot = "NodeBoot"
 )
 
 // Cluster is a tenant Kubernetes cluster.

@@ -52,10 +52,13 @@ type Options struct {
 	NodeNetwork  bool
 	// NodeImage is a built node image directory; empty keeps clusters at
 	// zero nodes.
-	NodeImage      string
-	MetricsAddress string
-	Executable     string
-	Defaults       provider.Defaults
+	NodeImage string
+	// NodeBootTimeout is how long a node VM may take to register before it is reported
+	// on its Cluster (NodeBoot condition, Event, console lines) and deleted.
+	NodeBootTimeout time.Duration
+	MetricsAddress  string
+	Executable      string
+	Defaults        provider.Defaults
 	// ControlPlaneEnv is added to every control-plane process.
 	ControlPlaneEnv []string
 }
@@ -94,6 +97,9 @@ func Validate(ctx context.Context, o Options) (validated, error) {
 	}
 	if o.Defaults.MaxNodes < 0 || o.Defaults.NodeCPUs < 1 || o.Defaults.PodsPerNode < 1 || o.Defaults.Hold < 0 || o.Defaults.NodeMemory.Sign() <= 0 {
 		return v, errors.New("cluster defaults must be positive: max nodes >= 0, node cpus >= 1, pods per node >= 1, hold >= 0, node memory > 0")
+	}
+	if o.NodeBootTimeout < 0 {
+		return v, fmt.Errorf("--node-boot-timeout %s: want a positive duration such as 5m (0 means the default)", o.NodeBootTimeout)
 	}
 	if o.NodeImage != "" {
 		if _, err := nodeimage.ReadManifest(o.NodeImage); err != nil {

@@ -73,7 +73,9 @@ func startNodes(ctx context.Context, v validated, nets *nodenet.Manager, plan fu
 	host := nodeservice.New(struct {
 		nodes.NodeProvider
 		nodeservice.Addresser
-	}{qp, qemuAddresser{qp}}, rs.Handler(), provider.ScaleStatus{Client: dyn}, reg, log.With("component", "nodes"))
+		nodes.Diagnoser
+	}{qp, qemuAddresser{qp}, qp}, rs.Handler(), provider.ScaleStatus{Client: dyn}, reg, log.With("component", "nodes"))
+	host.BootTimeout = v.NodeBootTimeout
 	joiner.host = host
 	return host, nil
 }

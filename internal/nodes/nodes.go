@@ -40,6 +40,14 @@ type NodeProvider interface {
 	List(ctx context.Context) ([]Instance, error)
 }
 
+// Diagnoser is implemented by providers that can say why a machine failed: what its VMM
+// and console printed last. The driver puts it in the Event and status it reports.
+type Diagnoser interface {
+	// Diagnose returns a few human-readable lines about machine name, or "" if there is
+	// nothing to say. It never fails: diagnostics are best effort.
+	Diagnose(name string) string
+}
+
 // NodeRequest describes one node to boot.
 type NodeRequest struct {
 	// Cluster is the tenant cluster the node joins.

@@ -46,6 +46,10 @@ type Addresser interface {
 // Host runs node services for every Ready cluster. The zero value is not
 // usable; build it with New.
 type Host struct {
+	// BootTimeout is how long a machine may take to register its Node before it is
+	// reported and deleted; 0 is the scale driver's default. Set it before Start.
+	BootTimeout time.Duration
+
 	provider nodes.NodeProvider
 	registry http.Handler
 	status   scaledriver.StatusRecorder
@@ -80,7 +84,7 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 		return errors.New("no node provider: build a node image with `socialweb image build` and restart serve; the cluster stays at zero nodes")
 	}
 	drv, err := scaledriver.New(scaledriver.Config{
-		Cluster: c.Name, NodeSize: c.NodeSize, MaxNodes: c.MaxNodes, Hold: c.Hold,
+		Cluster: c.Name, NodeSize: c.NodeSize, MaxNodes: c.MaxNodes, Hold: c.Hold, BootTimeout: h.BootTimeout,
 	}, scaledriver.Deps{
 		Tenant: c.Tenant, Provider: clusterScoped{h.provider, c.Name}, Status: h.status, Metrics: h.metrics,
 		Logger: h.log.With("cluster", c.Name, "component", "scaledriver"),
@@ -202,6 +206,14 @@ func (h *Host) Machine(ctx context.Context, cluster, node string) (ccm.Machine, 
 type clusterScoped struct {
 	nodes.NodeProvider
 	cluster string
+}
+
+// Diagnose forwards to the provider if it can diagnose machines.
+func (c clusterScoped) Diagnose(name string) string {
+	if d, ok := c.NodeProvider.(nodes.Diagnoser); ok {
+		return d.Diagnose(name)
+	}
+	return ""
 }
 
 func (c clusterScoped) List(ctx context.Context) ([]nodes.Instance, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/util/retry"
@@ -38,6 +39,39 @@ func (s ScaleStatus) RecordDecision(ctx context.Context, cluster string, d scale
 		c.Status.LastScaleDecision = &v1.ScaleDecision{
 			Action: string(d.Action), Target: int32(d.Target), Reason: d.Reason, Time: metav1.NewTime(now()),
 		}
+		out, err := c.ToUnstructured()
+		if err != nil {
+			return err
+		}
+		_, err = s.Client.Resource(v1.ClusterResource).UpdateStatus(ctx, out, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+// maxConditionMessage keeps a condition (console lines included) well under the
+// apiserver's 32 KiB limit on a condition message.
+const maxConditionMessage = 4096
+
+// RecordNodeBoot sets the NodeBoot condition.
+func (s ScaleStatus) RecordNodeBoot(ctx context.Context, cluster string, ok bool, reason, message string) error {
+	if len(message) > maxConditionMessage {
+		message = "..." + message[len(message)-maxConditionMessage+3:]
+	}
+	status := metav1.ConditionFalse
+	if ok {
+		status = metav1.ConditionTrue
+	}
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		u, err := s.Client.Resource(v1.ClusterResource).Get(ctx, cluster, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		c, err := v1.FromUnstructured(u)
+		if err != nil {
+			return err
+		}
+		meta.SetStatusCondition(&c.Status.Conditions, metav1.Condition{Type: v1.ConditionNodeBoot, Status: status,
+			Reason: reason, Message: message, ObservedGeneration: c.Generation})
 		out, err := c.ToUnstructured()
 		if err != nil {
 			return err

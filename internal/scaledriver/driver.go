@@ -100,6 +100,9 @@ func (c Config) withDefaults() (Config, error) {
 // with the Cluster object's status. nodes is the node count after the action.
 type StatusRecorder interface {
 	RecordDecision(ctx context.Context, cluster string, d scale.Decision, nodes int) error
+	// RecordNodeBoot reports how the last node boot went: ok when a node joined, not ok
+	// (with a reason such as JoinTimeout and a message) when one failed.
+	RecordNodeBoot(ctx context.Context, cluster string, ok bool, reason, message string) error
 }
 
 // Deps are the driver's collaborators. Tenant and Provider are required.
@@ -151,6 +154,7 @@ type Driver struct {
 
 	passMu    sync.Mutex
 	idleSince map[string]time.Time // guarded by passMu
+	booting   map[string]time.Time // machines seen booting (name -> created); guarded by passMu
 }
 
 // New builds a driver; it registers metrics but does no I/O.

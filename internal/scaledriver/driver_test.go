@@ -50,6 +50,12 @@ type statusCall struct {
 type recStatus struct {
 	mu    sync.Mutex
 	calls []statusCall
+	boots []bootCall
+}
+
+type bootCall struct {
+	ok              bool
+	reason, message string
 }
 
 func (s *recStatus) RecordDecision(_ context.Context, c string, d scale.Decision, n int) error {
@@ -60,6 +66,22 @@ func (s *recStatus) RecordDecision(_ context.Context, c string, d scale.Decision
 	defer s.mu.Unlock()
 	s.calls = append(s.calls, statusCall{d.Action, n, d.Reason})
 	return nil
+}
+
+func (s *recStatus) RecordNodeBoot(_ context.Context, c string, ok bool, reason, message string) error {
+	if c != cluster {
+		return fmt.Errorf("cluster %q", c)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.boots = append(s.boots, bootCall{ok, reason, message})
+	return nil
+}
+
+func (s *recStatus) getBoots() []bootCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.boots)
 }
 
 func (s *recStatus) get() []statusCall {
@@ -592,8 +614,9 @@ func TestBootingMachines(t *testing.T) {
 	client := k8sfake.NewClientset(testPod("a"))
 	c := &clock{t: t0}
 	prov := fake.New(fake.WithClock(c.now)) // no tenant: machines never register
+	status := &recStatus{}
 	d, err := New(Config{Cluster: cluster, NodeSize: testSize, MaxNodes: 3, BootTimeout: 5 * time.Minute},
-		Deps{Tenant: client, Provider: prov, Clock: c.now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Deps{Tenant: client, Provider: prov, Status: status, Clock: c.now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -621,6 +644,75 @@ func TestBootingMachines(t *testing.T) {
 		if dec.Action != want.action || prov.Count(fake.OpCreate) != want.creates || prov.Count(fake.OpDelete) != want.deletes {
 			t.Fatalf("step %d: %s, %d creates, %d deletes; want %s, %d, %d", i, dec, prov.Count(fake.OpCreate), prov.Count(fake.OpDelete), want.action, want.creates, want.deletes)
 		}
+	}
+	// The timeout was reported once, with the provider's diagnostics.
+	boots := status.getBoots()
+	if len(boots) != 1 || boots[0].ok || boots[0].reason != "JoinTimeout" || !strings.Contains(boots[0].message, "kernel panic") {
+		t.Errorf("NodeBoot reports %+v, want one JoinTimeout with the console line", boots)
+	}
+	assertEvent(t, client, "NodeJoinTimeout", "did not register within 5m0s")
+}
+
+// assertEvent fails unless the tenant has a Warning Event with reason whose note
+// contains text.
+func assertEvent(t *testing.T, client *k8sfake.Clientset, reason, text string) {
+	t.Helper()
+	evs, err := client.EventsV1().Events("default").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs.Items {
+		if e.Reason == reason && e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, text) {
+			return
+		}
+	}
+	t.Errorf("no Warning Event %s containing %q among %d events", reason, text, len(evs.Items))
+}
+
+// A machine whose VM dies is reported (Event, NodeBoot condition with diagnostics) and
+// deleted, and replaced if its Pods still want a node; a machine seen booting that
+// registers is reported as joined.
+func TestFailedMachinesAreReportedAndDeleted(t *testing.T) {
+	r := newRig(t, Config{}, false, []runtime.Object{testPod("a")})
+	ctx := context.Background()
+	r.start(ctx)
+	dec, err := r.d.RunPass(ctx)
+	if err != nil || dec.Action != scale.Provision {
+		t.Fatalf("first pass: %s, %v; want Provision", dec, err)
+	}
+	booted := r.prov.Instances()
+	if len(booted) != 1 {
+		t.Fatalf("instances %v", booted)
+	}
+	name := booted[0].Name
+	// The fake registered the Node at Create; the driver saw it booting only if a pass ran
+	// before registration, so none reports a join here. Crash it.
+	if !r.prov.Crash(name) {
+		t.Fatal("crash: no such machine")
+	}
+	r.clock.advance(time.Second)
+	dec, err = r.d.RunPass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.prov.Count(fake.OpDelete) != 1 {
+		t.Errorf("deletes %d, want the crashed machine deleted", r.prov.Count(fake.OpDelete))
+	}
+	for _, in := range r.prov.Instances() {
+		if in.Name == name {
+			t.Errorf("crashed machine %s still listed", name)
+		}
+	}
+	if dec.Action != scale.Provision {
+		t.Errorf("after the crash: %s, want Provision (the pod still wants a node)", dec)
+	}
+	boots := r.status.getBoots()
+	if len(boots) != 1 || boots[0].ok || boots[0].reason != "VMExited" || !strings.Contains(boots[0].message, "fake console of "+name) {
+		t.Errorf("NodeBoot reports %+v, want one VMExited with diagnostics", boots)
+	}
+	assertEvent(t, r.client, "NodeVMExited", "its VM stopped")
+	if got := testutil.ToFloat64(r.d.metrics.nodeFails.WithLabelValues(cluster, "VMExited")); got != 1 {
+		t.Errorf("socialweb_node_failures_total{reason=VMExited} = %v, want 1", got)
 	}
 }
 

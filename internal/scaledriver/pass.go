@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,9 +27,15 @@ func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
 	d.passMu.Lock()
 	defer d.passMu.Unlock()
 
-	o, err := d.observe(ctx)
+	o, failed, joined, err := d.observe(ctx)
 	if err != nil {
 		return scale.Decision{}, err
+	}
+	for _, f := range failed {
+		d.fail(ctx, f)
+	}
+	for _, j := range joined {
+		d.joined(ctx, j)
 	}
 	dec, err := scale.Decide(o)
 	if err != nil {
@@ -62,12 +70,26 @@ func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
 	return dec, nil
 }
 
-// observe builds one Observed from the informer caches and the provider. Any gap is an
-// error: an empty list from a cache that has not synced must never read as "idle".
-func (d *Driver) observe(ctx context.Context) (scale.Observed, error) {
+// failedMachine is a machine to report and delete: its VM died, or its Node never
+// registered within BootTimeout.
+type failedMachine struct {
+	name, reason, message string
+}
+
+// joinedMachine is a machine seen booting in an earlier pass whose Node has registered.
+type joinedMachine struct {
+	name string
+	took time.Duration
+}
+
+// observe builds one Observed from the informer caches and the provider, and says which
+// machines failed (to report and delete: they are not in Observed) and which joined since
+// the last pass. Any gap is an error: an empty list from a cache that has not synced must
+// never read as "idle".
+func (d *Driver) observe(ctx context.Context) (scale.Observed, []failedMachine, []joinedMachine, error) {
 	for _, synced := range d.synced {
 		if !synced() {
-			return scale.Observed{}, fmt.Errorf("scaledriver: cluster %s: %w", d.cfg.Cluster, ErrNotSynced)
+			return scale.Observed{}, nil, nil, fmt.Errorf("scaledriver: cluster %s: %w", d.cfg.Cluster, ErrNotSynced)
 		}
 	}
 	o := scale.Observed{
@@ -94,32 +116,92 @@ func (d *Driver) observe(ctx context.Context) (scale.Observed, error) {
 	list("deployments", func() (e error) { o.Deployments, e = d.deployments.List(everything); return })
 	list("statefulsets", func() (e error) { o.StatefulSets, e = d.statefulSets.List(everything); return })
 	if err != nil {
-		return scale.Observed{}, err
+		return scale.Observed{}, nil, nil, err
 	}
 
 	instances, err := d.provider.List(ctx)
 	if err != nil {
-		return scale.Observed{}, fmt.Errorf("scaledriver: cluster %s: list machines: %w", d.cfg.Cluster, err)
+		return scale.Observed{}, nil, nil, fmt.Errorf("scaledriver: cluster %s: list machines: %w", d.cfg.Cluster, err)
 	}
 	registered := make(map[string]bool, len(o.Nodes))
 	for _, n := range o.Nodes {
 		registered[n.Name] = true
 	}
+	var (
+		failed  []failedMachine
+		joined  []joinedMachine
+		booting = map[string]time.Time{}
+	)
 	for _, in := range instances {
-		if in.Cluster != d.cfg.Cluster || registered[in.Name] || in.State == nodes.StateStopping || in.State == nodes.StateTerminated {
+		if in.Cluster != d.cfg.Cluster || in.State == nodes.StateStopping {
 			continue
 		}
-		if o.Now.Sub(in.Created) < d.cfg.BootTimeout {
+		switch {
+		case in.State == nodes.StateTerminated:
+			// The VM is gone without a Delete: it crashed, or the guest powered off. Its
+			// Node (if any) goes when the cloud controller sees the instance gone.
+			failed = append(failed, failedMachine{name: in.Name, reason: "VMExited",
+				message: fmt.Sprintf("node %s: its VM stopped %s after it was created", in.Name, fmtAge(o.Now.Sub(in.Created)))})
+		case registered[in.Name]:
+			if created, ok := d.booting[in.Name]; ok {
+				joined = append(joined, joinedMachine{name: in.Name, took: o.Now.Sub(created)})
+			}
+		case o.Now.Sub(in.Created) < d.cfg.BootTimeout:
 			o.Booting = append(o.Booting, in.Name)
-			continue
-		}
-		// A machine that never joined holds host resources and is counted nowhere.
-		d.log.Warn("machine never registered its node; deleting it", "node", in.Name, "created", in.Created)
-		if err := d.provider.Delete(ctx, in.Name); err != nil && !nodes.IsNotFound(err) {
-			d.log.Error("delete unregistered machine", "node", in.Name, "err", err)
+			booting[in.Name] = in.Created
+		default:
+			// A machine that never joined holds host resources and is counted nowhere.
+			failed = append(failed, failedMachine{name: in.Name, reason: "JoinTimeout",
+				message: fmt.Sprintf("node %s did not register within %s of its creation", in.Name, d.cfg.BootTimeout)})
 		}
 	}
-	return o, nil
+	d.booting = booting
+	if len(failed) > 0 {
+		// A failed machine's Node (if it registered) is no capacity, whatever it last said.
+		dead := map[string]bool{}
+		for _, f := range failed {
+			dead[f.name] = true
+		}
+		o.Nodes = slices.DeleteFunc(slices.Clone(o.Nodes), func(n *corev1.Node) bool { return dead[n.Name] })
+	}
+	return o, failed, joined, nil
+}
+
+func fmtAge(d time.Duration) string { return d.Round(time.Second).String() }
+
+// fail reports a failed machine (a Warning Event and the Cluster's NodeBoot condition,
+// with what the provider can tell of it) and deletes it. Errors are logged: the next pass
+// sees the machine again if it is still there.
+func (d *Driver) fail(ctx context.Context, f failedMachine) {
+	msg := f.message
+	if dg, ok := d.provider.(nodes.Diagnoser); ok {
+		if s := dg.Diagnose(f.name); s != "" {
+			msg += "\n" + s
+		}
+	}
+	d.log.Warn("node failed; deleting its machine", "node", f.name, "reason", f.reason, "detail", msg)
+	d.event(ctx, scale.Decision{}, corev1.EventTypeWarning, "Node"+f.reason, msg)
+	if d.status != nil {
+		if err := d.status.RecordNodeBoot(ctx, d.cfg.Cluster, false, f.reason, msg); err != nil {
+			d.log.Error("record node failure in the cluster status", "node", f.name, "err", err)
+		}
+	}
+	if err := d.provider.Delete(ctx, f.name); err != nil && !nodes.IsNotFound(err) {
+		d.log.Error("delete failed machine", "node", f.name, "err", err)
+		return
+	}
+	d.metrics.nodeFailed(d.cfg.Cluster, f.reason)
+}
+
+// joined records that a node registered.
+func (d *Driver) joined(ctx context.Context, j joinedMachine) {
+	d.log.Info("node joined", "node", j.name, "afterCreate", j.took)
+	if d.status != nil {
+		msg := fmt.Sprintf("node %s registered %s after its machine was created", j.name, fmtAge(j.took))
+		if err := d.status.RecordNodeBoot(ctx, d.cfg.Cluster, true, "NodeJoined", msg); err != nil {
+			d.log.Error("record node join in the cluster status", "node", j.name, "err", err)
+		}
+	}
 }
 
 // perform carries dec out. Provider calls run concurrently, CreateParallelism at a time.

@@ -55,6 +55,7 @@ type metrics struct {
 	failures  *prometheus.CounterVec
 	nodes     *prometheus.GaugeVec
 	pending   *prometheus.HistogramVec
+	nodeFails *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -76,6 +77,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "From the oldest unplaceable Pod's creation to the provisioning of nodes for it.",
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 12), // 50ms .. ~100s
 		}, []string{"cluster"}),
+		nodeFails: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "socialweb_node_failures_total",
+			Help: "Machines deleted because their VM stopped on its own (VMExited) or their Node did not register in time (JoinTimeout).",
+		}, []string{"cluster", "reason"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -91,6 +96,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.pending, err = register(reg, m.pending); err != nil {
+		return nil, err
+	}
+	if m.nodeFails, err = register(reg, m.nodeFails); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -125,6 +133,10 @@ func (m *metrics) succeeded(cluster string, d scale.Decision, now time.Time) {
 	}
 }
 
+func (m *metrics) nodeFailed(cluster, reason string) {
+	m.nodeFails.WithLabelValues(cluster, reason).Inc()
+}
+
 // forget drops a stopped driver's series, so a deleted cluster does not linger.
 func (m *metrics) forget(cluster string) {
 	l := prometheus.Labels{"cluster": cluster}
@@ -132,4 +144,5 @@ func (m *metrics) forget(cluster string) {
 	m.failures.DeletePartialMatch(l)
 	m.nodes.DeletePartialMatch(l)
 	m.pending.DeletePartialMatch(l)
+	m.nodeFails.DeletePartialMatch(l)
 }

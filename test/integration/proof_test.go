@@ -236,3 +236,67 @@ func execIn(ctx context.Context, cfg *rest.Config, k kubernetes.Interface, ns, p
 	}
 	return stdout.String(), nil
 }
+
+// TestNodeThatCannotJoinIsReported: a node VM that does not register within the boot
+// timeout (3 s here, far less than a TCG boot) is reported on its Cluster (NodeBoot
+// condition and an Event, both with its last console lines) and deleted; once the Pod is
+// gone nothing is left: no qemu, no node directory, no tap.
+func TestNodeThatCannotJoinIsReported(t *testing.T) {
+	img := nodeImage(t)
+	d := newDaemon(t, 1, "--node-image", img, "--node-boot-timeout", "3s")
+	d.start()
+	d.mustCLI("cluster", "create", "late", "--wait", "--max-nodes", "1")
+	_, k := d.tenant("late")
+	ctx := ctxT(t, 10*time.Minute)
+	grace := int64(0)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "waits", Namespace: "default"},
+		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: &grace,
+			Containers: []corev1.Container{{Name: "main", Image: "busybox:stable", Command: []string{"true"}}}},
+	}
+	if _, err := k.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var cond *metav1.Condition
+	livetest.Eventually(t, 2*time.Minute, 500*time.Millisecond, "a NodeBoot=False JoinTimeout condition on the Cluster", func() bool {
+		c := d.cluster("late")
+		for i := range c.Status.Conditions {
+			if x := c.Status.Conditions[i]; x.Type == v1.ConditionNodeBoot && x.Status == metav1.ConditionFalse && x.Reason == "JoinTimeout" {
+				cond = &x
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("NodeBoot condition: %s", cond.Message)
+	if !strings.Contains(cond.Message, "did not register within 3s") || !strings.Contains(cond.Message, "console") {
+		t.Errorf("NodeBoot message lacks the timeout or the console lines:\n%s", cond.Message)
+	}
+	evs, err := k.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range evs.Items {
+		found = found || e.Reason == "NodeJoinTimeout" && e.Type == corev1.EventTypeWarning
+	}
+	if !found {
+		t.Errorf("no Warning Event NodeJoinTimeout among %d events", len(evs.Items))
+	}
+	if err := k.CoreV1().Pods("default").Delete(ctx, "waits", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	livetest.Eventually(t, time.Minute, 500*time.Millisecond, "every node VM of the cluster to be gone", func() bool {
+		entries, _ := os.ReadDir(filepath.Join(d.stateDir, "nodes"))
+		dirs := 0
+		for _, e := range entries {
+			if e.IsDir() {
+				dirs++
+			}
+		}
+		return len(qemusOf(d.stateDir)) == 0 && dirs == 0
+	})
+	if c := d.cluster("late"); c.Status.Phase != v1.PhaseReady {
+		t.Errorf("phase %s after the failed boots, want Ready", c.Status.Phase)
+	}
+}

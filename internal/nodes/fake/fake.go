@@ -74,7 +74,28 @@ type Provider struct {
 	failNext  map[Op]error
 }
 
-var _ nodes.NodeProvider = (*Provider)(nil)
+var (
+	_ nodes.NodeProvider = (*Provider)(nil)
+	_ nodes.Diagnoser    = (*Provider)(nil)
+)
+
+// Crash marks a machine Terminated, as a VM that died on its own: it stays listed until
+// Delete. It reports whether the machine existed.
+func (p *Provider) Crash(name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	in, ok := p.instances[name]
+	if ok {
+		in.State = nodes.StateTerminated
+		p.instances[name] = in
+	}
+	return ok
+}
+
+// Diagnose implements nodes.Diagnoser with a fixed line naming the machine.
+func (p *Provider) Diagnose(name string) string {
+	return "fake console of " + name + ": kernel panic"
+}
 
 // New returns an empty fake provider.
 func New(opts ...Option) *Provider {

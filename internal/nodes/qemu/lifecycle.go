@@ -222,6 +222,19 @@ func (p *Provider) Exited(name string) (bool, string) {
 	return true, b.String()
 }
 
+// Diagnose implements nodes.Diagnoser: Exited's explanation for a VM that is gone, the
+// last console lines for one that runs.
+func (p *Provider) Diagnose(name string) string {
+	if gone, why := p.Exited(name); gone {
+		return why
+	}
+	t, err := p.ConsoleTail(name, 20)
+	if err != nil || t == "" {
+		return "the console is empty (the kernel printed nothing)"
+	}
+	return "the VM runs; last console lines:\n" + t
+}
+
 // ConsoleTail returns the last n lines of the node's serial console.
 func (p *Provider) ConsoleTail(name string, n int) (string, error) {
 	p.mu.Lock()
