@@ -184,6 +184,24 @@ func measureSocialweb(bin string, n int, idle time.Duration) result {
 // baselineTenant is one etcd + apiserver + controller-manager + scheduler.
 type baselineTenant struct{ procs []*exec.Cmd }
 
+// stop stops the processes in reverse start order: etcd last, because an apiserver whose
+// etcd is gone does not finish its graceful shutdown (this hung earlier runs). A process
+// that has not exited 20 s after SIGTERM is killed.
+func (t *baselineTenant) stop() {
+	for i := len(t.procs) - 1; i >= 0; i-- {
+		p := t.procs[i]
+		_ = p.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = p.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = p.Process.Kill()
+			<-done
+		}
+	}
+}
+
 func measureBaseline(dir string, n int, idle time.Duration) result {
 	work, _ := os.MkdirTemp("", "bench-baseline-")
 	defer os.RemoveAll(work)
@@ -210,10 +228,7 @@ func measureBaseline(dir string, n int, idle time.Duration) result {
 	wg.Wait()
 	defer func() {
 		for _, t := range tenants {
-			for _, p := range t.procs {
-				_ = p.Process.Signal(syscall.SIGTERM)
-				_ = p.Wait()
-			}
+			t.stop()
 		}
 	}()
 	time.Sleep(idle)
@@ -235,6 +250,8 @@ func runLogged(dir, name, bin string, args ...string) (*exec.Cmd, error) {
 	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), "GOGC=50")
+	// An interrupted benchmark leaves no baseline process behind.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	return cmd, cmd.Start()
 }
 

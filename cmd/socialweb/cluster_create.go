@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
 )
 
 func newClusterCreateCommand(g *globalOptions) *cobra.Command {
@@ -59,6 +60,9 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 					return usageError{errf("--node-memory %q: want a positive quantity such as 2Gi or 512Mi", nodeMemory)}
 				}
 				c.Spec.NodeMemory = q
+			}
+			if err := qemu.CheckHostFits(int64(c.Spec.NodeCPUs), c.Spec.NodeMemory.Value()>>20); err != nil {
+				return usageError{err}
 			}
 			if f.Changed("pods-per-node") {
 				if podsPerNode < 1 {

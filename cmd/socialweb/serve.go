@@ -1,6 +1,7 @@
 package main
 
 import (
+	"k8s.io/klog/v2"
 	"log/slog"
 	"os"
 	"time"
@@ -37,6 +38,9 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 				o.ControlPlaneEnv = append(o.ControlPlaneEnv, "GOGC="+gogc)
 			}
 			log := newLogger(os.Stderr, level)
+			// The in-process Kubernetes controllers (cloud controller, informers) log
+			// through klog; send them into the same structured stream.
+			klog.SetSlogLogger(log.With("component", "klog"))
 			return daemon.Run(cmd.Context(), o, log)
 		},
 	}

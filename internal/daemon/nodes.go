@@ -17,6 +17,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/nodes"
 	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
 	"github.com/socialweb-computer/socialweb/internal/nodeservice"
+	"github.com/socialweb-computer/socialweb/internal/podroutes"
 	"github.com/socialweb-computer/socialweb/internal/provider"
 	"github.com/socialweb-computer/socialweb/internal/registry"
 )
@@ -76,6 +77,7 @@ func startNodes(ctx context.Context, v validated, nets *nodenet.Manager, plan fu
 		nodes.Diagnoser
 	}{qp, qemuAddresser{qp}, qp}, rs.Handler(), provider.ScaleStatus{Client: dyn}, reg, log.With("component", "nodes"))
 	host.BootTimeout = v.NodeBootTimeout
+	host.PodRoutes = func(c nodeservice.Cluster) podroutes.Table { return clusterRoutes{nets, c.Minter.Plan} }
 	joiner.host = host
 	return host, nil
 }
@@ -102,4 +104,22 @@ func seedImages(ctx context.Context, rs *registry.Server, log *slog.Logger) {
 		}
 		log.Info("image ready in the registry", "image", name, "digest", digest, "refs", refs)
 	}
+}
+
+// clusterRoutes is one cluster's view of the host route table.
+type clusterRoutes struct {
+	m    *nodenet.Manager
+	plan nodenet.Plan
+}
+
+func (r clusterRoutes) PodRoutes(ctx context.Context) (map[string]net.IP, error) {
+	return r.m.PodRoutes(ctx, r.plan)
+}
+
+func (r clusterRoutes) AddPodRoute(ctx context.Context, cidr string, via net.IP) error {
+	return r.m.AddPodRoute(ctx, r.plan, cidr, via)
+}
+
+func (r clusterRoutes) RemovePodRoute(ctx context.Context, cidr string, via net.IP) error {
+	return r.m.RemovePodRoute(ctx, r.plan, cidr, via)
 }

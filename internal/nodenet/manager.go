@@ -263,6 +263,42 @@ func (m *Manager) AddPodRoute(ctx context.Context, plan Plan, podCIDR string, no
 	return nil
 }
 
+// PodRoutes lists the cluster's pod routes (those AddPodRoute made): pod subnet ->
+// node address.
+func (m *Manager) PodRoutes(ctx context.Context, plan Plan) (map[string]net.IP, error) {
+	if err := checkPlan(plan); err != nil {
+		return nil, err
+	}
+	br := BridgeName(plan.Index)
+	out, err := m.cmd(ctx, "", "ip", "route", "show", "dev", br)
+	if err != nil {
+		if isNotFound(err) {
+			return map[string]net.IP{}, nil
+		}
+		return nil, explain(err, "listing routes on %s", br)
+	}
+	return parsePodRoutes(out, plan), nil
+}
+
+// parsePodRoutes picks "<subnet> via <node> ..." lines whose subnet lies in the cluster's
+// pod range out of `ip route show dev <bridge>`.
+func parsePodRoutes(out string, plan Plan) map[string]net.IP {
+	routes := map[string]net.IP{}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[1] != "via" {
+			continue
+		}
+		_, n, err := net.ParseCIDR(f[0])
+		via := net.ParseIP(f[2])
+		if err != nil || via == nil || !plan.PodCIDR.Contains(n.IP) {
+			continue
+		}
+		routes[n.String()] = via
+	}
+	return routes
+}
+
 // RemovePodRoute deletes a route added by AddPodRoute; a missing route (or
 // bridge) is not an error.
 func (m *Manager) RemovePodRoute(ctx context.Context, plan Plan, podCIDR string, nodeIP net.IP) error {

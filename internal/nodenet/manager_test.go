@@ -368,3 +368,15 @@ func TestPodRoutes(t *testing.T) {
 		t.Errorf("AddPodRoute without bridge: %v", err)
 	}
 }
+
+func TestParsePodRoutes(t *testing.T) {
+	plan, err := ForIndex(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := "10.3.0.0/24 via 10.250.3.2 \n10.3.1.0/24 via 10.250.3.3 proto static\n10.250.3.0/24 proto kernel scope link src 10.250.3.1 \n10.9.0.0/24 via 10.250.3.4\n"
+	got := parsePodRoutes(out, plan)
+	if len(got) != 2 || !got["10.3.0.0/24"].Equal(net.ParseIP("10.250.3.2")) || !got["10.3.1.0/24"].Equal(net.ParseIP("10.250.3.3")) {
+		t.Errorf("parsePodRoutes = %v, want the two routes inside 10.3.0.0/16", got)
+	}
+}

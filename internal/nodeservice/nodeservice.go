@@ -20,6 +20,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/identity"
 	"github.com/socialweb-computer/socialweb/internal/join"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
+	"github.com/socialweb-computer/socialweb/internal/podroutes"
 	"github.com/socialweb-computer/socialweb/internal/scale"
 	"github.com/socialweb-computer/socialweb/internal/scaledriver"
 )
@@ -49,6 +50,9 @@ type Host struct {
 	// BootTimeout is how long a machine may take to register its Node before it is
 	// reported and deleted; 0 is the scale driver's default. Set it before Start.
 	BootTimeout time.Duration
+	// PodRoutes, if set, gives the host route table of a cluster; Start then keeps its
+	// pod routes in step with the cluster's Nodes (pod-to-pod traffic across nodes).
+	PodRoutes func(Cluster) podroutes.Table
 
 	provider nodes.NodeProvider
 	registry http.Handler
@@ -113,6 +117,16 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 			h.log.Error("cloud-controller-manager stopped", "cluster", c.Name, "err", err)
 		}
 	}()
+	if h.PodRoutes != nil {
+		table := h.PodRoutes(c)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := podroutes.Run(ctx, c.Tenant, table, 30*time.Second, h.log.With("cluster", c.Name, "component", "podroutes")); err != nil {
+				h.log.Error("pod routes stopped", "cluster", c.Name, "err", err)
+			}
+		}()
+	}
 	go func() { wg.Wait(); close(r.done) }()
 	h.log.Info("node services started", "cluster", c.Name)
 	return nil

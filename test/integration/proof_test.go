@@ -202,9 +202,13 @@ func TestFourStepProof(t *testing.T) {
 	if _, err := k.Discovery().ServerVersion(); err != nil {
 		t.Errorf("step 8: apiserver: %v", err)
 	}
+	// The host keeps the deleted node's console log.
+	if con, err := os.ReadFile(filepath.Join(d.stateDir, "nodes", "consoles", node.Name+".log")); err != nil || !bytes.Contains(con, []byte("step=up")) {
+		t.Errorf("step 8: console log of %s not kept with the agent's timeline: %v", node.Name, err)
+	}
 	entries, _ := os.ReadDir(filepath.Join(d.stateDir, "nodes"))
 	for _, e := range entries {
-		if e.IsDir() {
+		if e.IsDir() && e.Name() != "consoles" {
 			t.Errorf("step 8: node directory left: %s", e.Name())
 		}
 	}
@@ -290,7 +294,7 @@ func TestNodeThatCannotJoinIsReported(t *testing.T) {
 		entries, _ := os.ReadDir(filepath.Join(d.stateDir, "nodes"))
 		dirs := 0
 		for _, e := range entries {
-			if e.IsDir() {
+			if e.IsDir() && e.Name() != "consoles" {
 				dirs++
 			}
 		}
@@ -299,4 +303,70 @@ func TestNodeThatCannotJoinIsReported(t *testing.T) {
 	if c := d.cluster("late"); c.Status.Phase != v1.PhaseReady {
 		t.Errorf("phase %s after the failed boots, want Ready", c.Status.Phase)
 	}
+}
+
+// TestPodsOnTwoNodesReachEachOther: two Pods that must not share a node get a microVM
+// each, and one reaches the other's address across nodes (pod routes via the gateway).
+func TestPodsOnTwoNodesReachEachOther(t *testing.T) {
+	img := nodeImage(t)
+	d := newDaemon(t, 1, "--node-image", img)
+	d.start()
+	d.mustCLI("cluster", "create", "pair", "--wait", "--hold", "10s", "--max-nodes", "2")
+	cfg, k := d.tenant("pair")
+	ctx := ctxT(t, 15*time.Minute)
+	zero := int64(0)
+	mk := func(name string, cmd string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{"app": "pair"}},
+			Spec: corev1.PodSpec{
+				RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: &zero,
+				Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+					RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+						LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "pair"}},
+						TopologyKey:   corev1.LabelHostname,
+					}},
+				}},
+				Containers: []corev1.Container{{Name: "main", Image: "busybox:stable", Command: []string{"sh", "-c", cmd}}},
+			},
+		}
+	}
+	for _, p := range []*corev1.Pod{
+		mk("client", "exec sleep 3600"),
+		mk("server", "mkdir -p /www && echo reached-$(hostname) > /www/index.html && exec httpd -f -p 8080 -h /www"),
+	} {
+		if _, err := k.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pods := map[string]*corev1.Pod{}
+	livetest.Eventually(t, 8*time.Minute, time.Second, "both Pods to run", func() bool {
+		for _, n := range []string{"client", "server"} {
+			p, err := k.CoreV1().Pods("default").Get(ctx, n, metav1.GetOptions{})
+			if err != nil || p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" {
+				return false
+			}
+			pods[n] = p
+		}
+		return true
+	})
+	if pods["client"].Spec.NodeName == pods["server"].Spec.NodeName {
+		t.Fatalf("both Pods on %s", pods["client"].Spec.NodeName)
+	}
+	url := "http://" + pods["server"].Status.PodIP + ":8080/"
+	var out string
+	livetest.Eventually(t, time.Minute, 2*time.Second, "the client to reach the server's Pod on the other node", func() bool {
+		var err error
+		out, err = execIn(ctx, cfg, k, "default", "client", "wget", "-q", "-O-", url) // busybox 1.35 wget -T segfaults
+		return err == nil && strings.Contains(out, "reached-server")
+	})
+	t.Logf("client on %s fetched %s from server on %s: %q", pods["client"].Spec.NodeName, url, pods["server"].Spec.NodeName, strings.TrimSpace(out))
+	for _, n := range []string{"client", "server"} {
+		if err := k.CoreV1().Pods("default").Delete(ctx, n, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	livetest.Eventually(t, 3*time.Minute, time.Second, "both nodes and VMs to be gone", func() bool {
+		nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		return err == nil && len(nl.Items) == 0 && len(qemusOf(d.stateDir)) == 0
+	})
 }

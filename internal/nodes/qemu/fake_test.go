@@ -387,6 +387,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
+// dirEntries lists the node directories of a state dir (not .lock, not the kept consoles).
 func dirEntries(t *testing.T, dir string) []string {
 	t.Helper()
 	ents, err := os.ReadDir(dir)
@@ -395,7 +396,7 @@ func dirEntries(t *testing.T, dir string) []string {
 	}
 	var out []string
 	for _, e := range ents {
-		if e.Name() != ".lock" {
+		if e.Name() != ".lock" && e.Name() != dirConsoles {
 			out = append(out, e.Name())
 		}
 	}

@@ -112,10 +112,50 @@ func (p *Provider) destroy(ctx context.Context, inst *instance) error {
 			return err
 		}
 	}
+	p.keepConsole(inst)
 	if err := os.Remove(filepath.Join(inst.dir, fileRecord)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	return os.RemoveAll(inst.dir)
+}
+
+// keepConsole moves a deleted node's console log to <StateDir>/consoles/<node>.log, so
+// an operator can read why a node failed after it is gone, and prunes the oldest beyond
+// ConsolesKept. Best effort: a lost console log is no reason to keep a node.
+func (p *Provider) keepConsole(inst *instance) {
+	if p.cfg.ConsolesKept < 0 {
+		return
+	}
+	dir := filepath.Join(p.cfg.StateDir, dirConsoles)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		p.log.Warn("keeping the console log", "node", inst.rec.Request.Name, "err", err)
+		return
+	}
+	dst := filepath.Join(dir, inst.rec.Request.Name+".log")
+	if err := os.Rename(filepath.Join(inst.dir, fileConsole), dst); err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			p.log.Warn("keeping the console log", "node", inst.rec.Request.Name, "err", err)
+		}
+		return
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil || len(entries) <= p.cfg.ConsolesKept {
+		return
+	}
+	type kept struct {
+		name string
+		mod  time.Time
+	}
+	var logs []kept
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil && info.Mode().IsRegular() {
+			logs = append(logs, kept{e.Name(), info.ModTime()})
+		}
+	}
+	slices.SortFunc(logs, func(a, b kept) int { return a.mod.Compare(b.mod) })
+	for _, l := range logs[:max(0, len(logs)-p.cfg.ConsolesKept)] {
+		_ = os.Remove(filepath.Join(dir, l.name))
+	}
 }
 
 // stop asks the guest to power off, waits up to StopGrace (less if ctx ends sooner),
@@ -332,7 +372,7 @@ func (p *Provider) Recover(ctx context.Context) (RecoverResult, error) {
 	)
 	for _, e := range entries {
 		name := e.Name()
-		if !e.IsDir() || !nodeNameRE.MatchString(name) {
+		if !e.IsDir() || !nodeNameRE.MatchString(name) || name == dirConsoles {
 			continue // .lock, and nothing this provider made
 		}
 		dir := p.nodeDir(name)

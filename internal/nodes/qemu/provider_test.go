@@ -481,3 +481,53 @@ func TestLongStateDir(t *testing.T) {
 		t.Errorf("Delete took %s: system_powerdown did not reach the guest through the long path", took)
 	}
 }
+
+// Delete keeps the node's console log under consoles/, pruning beyond ConsolesKept, and
+// Recover does not take that directory for a node.
+func TestConsoleKeptAfterDelete(t *testing.T) {
+	e := newFakeEnv(t)
+	e.cfg.ConsolesKept = 2
+	p := e.provider(t)
+	ctx := t.Context()
+	names := []string{"a-keep0", "a-keep1", "a-keep2"}
+	for _, n := range names {
+		if _, err := p.Create(ctx, req("a", n)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Delete(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond) // distinct modification times for pruning
+	}
+	dir := filepath.Join(e.cfg.StateDir, dirConsoles)
+	var kept []string
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, en := range entries {
+		kept = append(kept, en.Name())
+	}
+	if want := []string{"a-keep1.log", "a-keep2.log"}; !slices.Equal(kept, want) {
+		t.Errorf("consoles kept %v, want %v (the oldest pruned)", kept, want)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "a-keep2.log")); err != nil || !strings.Contains(string(b), "a-keep2") {
+		t.Errorf("kept console of a-keep2: %q, %v", b, err)
+	}
+	p.Close()
+	p2, err := New(e.cfg, e.deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Close()
+	res, err := p2.Recover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Removed)+len(res.Cleaned)+len(res.Adopted) != 0 {
+		t.Errorf("Recover touched something: %+v", res)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Errorf("consoles dir after Recover: %v", err)
+	}
+}

@@ -59,6 +59,7 @@ const (
 	DefaultJoinTimeout    = 5 * time.Minute
 	DefaultStopGrace      = 5 * time.Second
 	DefaultHostReserveMiB = 1024
+	DefaultConsolesKept   = 50
 )
 
 // Config configures a Provider. Zero values mean the defaults above.
@@ -91,6 +92,9 @@ type Config struct {
 	// tests and for operators who want to cap node sizes below the machine's.
 	HostCPUs      int
 	HostMemoryMiB int64
+	// ConsolesKept is how many deleted nodes' serial console logs stay in
+	// <StateDir>/consoles/<node>.log, the oldest removed first (default 50; -1 keeps none).
+	ConsolesKept int
 }
 
 // Networks is the part of nodenet.Manager the provider uses. The cluster's bridge must
@@ -167,6 +171,9 @@ func newProvider(cfg Config, deps Deps, h host) (*Provider, error) {
 	}
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = DefaultStartTimeout
+	}
+	if cfg.ConsolesKept == 0 {
+		cfg.ConsolesKept = DefaultConsolesKept
 	}
 	if cfg.JoinTimeout <= 0 {
 		cfg.JoinTimeout = DefaultJoinTimeout
@@ -350,6 +357,28 @@ func (p *Provider) Validate(req nodes.NodeRequest) error {
 		return fmt.Errorf("node request: name %q is not a DNS label (lower-case letters, digits and '-', at most %d characters): make it with nodes.NewNodeName", req.Name, maxNodeNameLen)
 	}
 	return checkSize(req, p.host, p.cfg.HostReserveMiB)
+}
+
+// CheckHostFits reports whether a node of cpus vCPUs and memMiB MiB fits this host (with
+// DefaultHostReserveMiB kept for the host), in the words Validate uses. Zero values are
+// not checked. The CLI calls it so an impossible size fails at cluster create.
+func CheckHostFits(cpus, memMiB int64) error {
+	h, err := detectHost()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if cpus > 0 && cpus > int64(h.CPUs) {
+		errs = append(errs, fmt.Errorf("nodes of %d vCPUs do not fit this host's %d CPUs: use --node-cpus %d or fewer", cpus, h.CPUs, h.CPUs))
+	}
+	if limit := h.MemoryMiB - DefaultHostReserveMiB; memMiB > 0 && memMiB > limit {
+		errs = append(errs, fmt.Errorf("nodes of %d MiB do not fit this host's %d MiB (%d MiB kept for the host): use --node-memory %dMi or less",
+			memMiB, h.MemoryMiB, DefaultHostReserveMiB, max(limit, 0)))
+	}
+	if memMiB > 0 && memMiB < nodeimage.MinMemMiB {
+		errs = append(errs, fmt.Errorf("nodes of %d MiB are below the %d MiB the node image needs: use --node-memory %dMi or more", memMiB, nodeimage.MinMemMiB, nodeimage.MinMemMiB))
+	}
+	return errors.Join(errs...)
 }
 
 func checkSize(req nodes.NodeRequest, h host, reserveMiB int64) error {

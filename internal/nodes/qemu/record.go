@@ -20,6 +20,9 @@ const (
 	fileIdentity = "identity.img"
 	fileConsole  = "console.log"
 	fileQemuLog  = "qemu.log"
+
+	// dirConsoles, under the state dir, keeps deleted nodes' console logs.
+	dirConsoles = "consoles"
 )
 
 const recordVersion = 1
