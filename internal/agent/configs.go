@@ -442,6 +442,9 @@ func KubeletFlags(id identity.Identity, l Layout) ([]string, error) {
 		"--root-dir=" + l.KubeletRoot,
 		"--hostname-override=" + id.NodeName,
 		"--node-ip=" + ip.String(),
+		// The host's cloud controller initializes the Node (addresses, providerID check)
+		// and removes the uninitialized taint the kubelet sets with this.
+		"--cloud-provider=external",
 	}
 	if len(id.Labels) > 0 {
 		keys := make([]string, 0, len(id.Labels))

@@ -349,6 +349,7 @@ func TestKubeletConfigLoads(t *testing.T) {
 			}{
 				{"hostname-override", s.HostnameOverride, id.NodeName},
 				{"node-ip", s.NodeIP, "10.250.3.2"},
+				{"cloud-provider", s.CloudProvider, "external"},
 				{"kubeconfig", s.KubeConfig, l.Kubeconfig},
 				{"bootstrap-kubeconfig", s.BootstrapKubeconfig, l.BootstrapKubeconfig},
 				{"cert-dir", s.CertDirectory, l.KubeletCertDir},
@@ -415,6 +416,7 @@ func TestKubeletFlags(t *testing.T) {
 		"--root-dir=/var/lib/kubelet",
 		"--hostname-override=ci-abc123",
 		"--node-ip=10.250.3.2",
+		"--cloud-provider=external",
 		"--node-labels=socialweb.computer/pool=default",
 	}
 	if !reflect.DeepEqual(got, want) {
