@@ -87,11 +87,10 @@ func controllerManagerArgs(c Config) []string {
 func schedulerArgs(c Config) []string {
 	kc := c.Kubeconfig(pki.Scheduler)
 	return []string{
-		"--kubeconfig=" + kc,
+		"--config=" + c.SchedulerConfig(), // kubeconfig, leader election, backoff
 		"--authentication-kubeconfig=" + kc,
 		"--authorization-kubeconfig=" + kc,
 		"--secure-port=0",
-		"--leader-elect=false",
 		"--profiling=false",
 		"--v=0",
 	}

@@ -56,6 +56,9 @@ func (c Config) Kubeconfig(id pki.Identity) string {
 	return filepath.Join(c.Dir, id.Name+".kubeconfig")
 }
 
+// SchedulerConfig is the scheduler's KubeSchedulerConfiguration file.
+func (c Config) SchedulerConfig() string { return filepath.Join(c.Dir, "scheduler-config.yaml") }
+
 // URL is the apiserver's loopback address.
 func (c Config) URL() string { return fmt.Sprintf("https://127.0.0.1:%d", c.Port) }
 
