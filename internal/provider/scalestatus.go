@@ -26,6 +26,16 @@ func (s ScaleStatus) RecordDecision(ctx context.Context, cluster string, d scale
 	if s.Clock != nil {
 		now = s.Clock
 	}
+	return s.update(ctx, cluster, func(c *v1.Cluster) {
+		c.Status.Nodes = int32(nodes)
+		c.Status.LastScaleDecision = &v1.ScaleDecision{
+			Action: string(d.Action), Target: int32(d.Target), Reason: d.Reason, Time: metav1.NewTime(now()),
+		}
+	})
+}
+
+// update reads the Cluster, changes its status with f and writes it, retrying on conflicts.
+func (s ScaleStatus) update(ctx context.Context, cluster string, f func(*v1.Cluster)) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		u, err := s.Client.Resource(v1.ClusterResource).Get(ctx, cluster, metav1.GetOptions{})
 		if err != nil {
@@ -35,10 +45,7 @@ func (s ScaleStatus) RecordDecision(ctx context.Context, cluster string, d scale
 		if err != nil {
 			return err
 		}
-		c.Status.Nodes = int32(nodes)
-		c.Status.LastScaleDecision = &v1.ScaleDecision{
-			Action: string(d.Action), Target: int32(d.Target), Reason: d.Reason, Time: metav1.NewTime(now()),
-		}
+		f(c)
 		out, err := c.ToUnstructured()
 		if err != nil {
 			return err
@@ -61,22 +68,8 @@ func (s ScaleStatus) RecordNodeBoot(ctx context.Context, cluster string, ok bool
 	if ok {
 		status = metav1.ConditionTrue
 	}
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		u, err := s.Client.Resource(v1.ClusterResource).Get(ctx, cluster, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		c, err := v1.FromUnstructured(u)
-		if err != nil {
-			return err
-		}
+	return s.update(ctx, cluster, func(c *v1.Cluster) {
 		meta.SetStatusCondition(&c.Status.Conditions, metav1.Condition{Type: v1.ConditionNodeBoot, Status: status,
 			Reason: reason, Message: message, ObservedGeneration: c.Generation})
-		out, err := c.ToUnstructured()
-		if err != nil {
-			return err
-		}
-		_, err = s.Client.Resource(v1.ClusterResource).UpdateStatus(ctx, out, metav1.UpdateOptions{})
-		return err
 	})
 }
