@@ -379,7 +379,6 @@ const (
 	StepKubeletConfig    = "kubelet-config"
 	StepContainerdReady  = "containerd-ready"
 	StepKubelet          = "kubelet"
-	StepProxy            = "proxy"
 
 	StepStopKubelet    = "stop-kubelet"
 	StepStopContainerd = "stop-containerd"
@@ -403,7 +402,6 @@ func DefaultSteps() Steps {
 		{StepKubeletConfig, stepKubeletConfig},
 		{StepContainerdReady, stepContainerdReady},
 		{StepKubelet, stepKubelet},
-		{StepProxy, stepProxy},
 	}
 }
 
