@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -311,6 +312,7 @@ func TestPodsOnTwoNodesReachEachOther(t *testing.T) {
 	img := nodeImage(t)
 	d := newDaemon(t, 1, "--node-image", img)
 	d.start()
+	before := hostNetwork(t)
 	d.mustCLI("cluster", "create", "pair", "--wait", "--hold", "10s", "--max-nodes", "2")
 	cfg, k := d.tenant("pair")
 	ctx := ctxT(t, 15*time.Minute)
@@ -369,4 +371,44 @@ func TestPodsOnTwoNodesReachEachOther(t *testing.T) {
 		nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		return err == nil && len(nl.Items) == 0 && len(qemusOf(d.stateDir)) == 0
 	})
+
+	// Deleting the cluster leaves the host's interfaces, routes and nftables tables as
+	// they were before it was created: no bridge, tap, pod route or NAT rule behind.
+	d.mustCLI("cluster", "delete", "pair", "--wait")
+	after := hostNetwork(t)
+	for what, lines := range before {
+		if !slices.Equal(lines, after[what]) {
+			t.Errorf("%s after the cluster was deleted:\n%s\nbefore it was created:\n%s", what,
+				strings.Join(after[what], "\n"), strings.Join(lines, "\n"))
+		}
+	}
+}
+
+// hostNetwork lists the host's interfaces, IPv4 routes and nftables tables, one sorted
+// line each.
+func hostNetwork(t *testing.T) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	for what, cmd := range map[string][]string{
+		"interfaces": {"ip", "-o", "link", "show"},
+		"routes":     {"ip", "route", "show"},
+		"nft tables": {"nft", "list", "tables"},
+	} {
+		b, err := exec.Command(cmd[0], cmd[1:]...).Output()
+		if err != nil {
+			t.Fatalf("%s: %v", strings.Join(cmd, " "), err)
+		}
+		var lines []string
+		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if what == "interfaces" { // "3: eth0: <...> ... state UP ...": name only, counters change
+				if f := strings.Fields(l); len(f) > 1 {
+					l = strings.TrimSuffix(f[1], ":")
+				}
+			}
+			lines = append(lines, l)
+		}
+		slices.Sort(lines)
+		out[what] = lines
+	}
+	return out
 }
