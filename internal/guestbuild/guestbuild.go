@@ -19,14 +19,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/socialweb-computer/socialweb/internal/filelock"
 )
 
 // ModulePath is the module the agent is built from.
@@ -223,7 +223,7 @@ func (b Builder) Containerd(ctx context.Context, cacheDir, version string) (Cont
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		return res, err
 	}
-	unlock, err := lock(ctx, filepath.Join(base, "."+key+".lock"))
+	unlock, err := filelock.Wait(ctx, filepath.Join(base, "."+key+".lock"))
 	if err != nil {
 		return res, err
 	}
@@ -261,27 +261,4 @@ func (b Builder) Containerd(ctx context.Context, cacheDir, version string) (Cont
 	}
 	b.progress("built containerd %s in %s", version, time.Since(t0).Round(time.Second))
 	return res, nil
-}
-
-func lock(ctx context.Context, file string) (func(), error) {
-	f, err := os.OpenFile(file, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() { syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, err
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/socialweb-computer/socialweb/internal/filelock"
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 )
 
@@ -31,7 +32,7 @@ func (b Builder) NodeImage(ctx context.Context, spec nodeimage.Spec, opts nodeim
 		return nodeimage.Result{}, err
 	}
 	// One agent build at a time: they write the same file.
-	unlock, err := lock(ctx, filepath.Join(dir, ".agent.lock"))
+	unlock, err := filelock.Wait(ctx, filepath.Join(dir, ".agent.lock"))
 	if err != nil {
 		return nodeimage.Result{}, err
 	}

@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
+
+	"github.com/socialweb-computer/socialweb/internal/filelock"
 )
 
 // Files of an image directory.
@@ -252,7 +253,7 @@ func Ensure(ctx context.Context, spec Spec, opts Options) (Result, error) {
 	if err := os.MkdirAll(images, 0o755); err != nil {
 		return Result{}, err
 	}
-	unlock, err := lockFile(ctx, filepath.Join(images, "."+fp+".lock"))
+	unlock, err := filelock.Wait(ctx, filepath.Join(images, "."+fp+".lock"))
 	if err != nil {
 		return Result{}, err
 	}
@@ -308,31 +309,4 @@ func Ensure(ctx context.Context, spec Spec, opts Options) (Result, error) {
 	}
 	return Result{State: StateBuilt, Fingerprint: fp, Dir: final, Manifest: m,
 		LayerReused: b.LayerReused, Duration: time.Since(t0)}, nil
-}
-
-// lockFile takes an exclusive flock on file, waiting until ctx is done.
-func lockFile(ctx context.Context, file string) (func(), error) {
-	f, err := os.OpenFile(file, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() {
-				_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-				f.Close()
-			}, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("locking %s: %w", file, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("waiting for the lock %s (another build is running): %w", file, ctx.Err())
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
 }

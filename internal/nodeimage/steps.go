@@ -14,6 +14,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/socialweb-computer/socialweb/internal/filelock"
 )
 
 // Build is the state shared by the steps of one image build. Steps read the inputs and
@@ -323,7 +325,7 @@ func (b *Build) ensureLayer(ctx context.Context) (string, *layerInfo, error) {
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		return "", nil, err
 	}
-	unlock, err := lockFile(ctx, filepath.Join(base, "."+key+".lock"))
+	unlock, err := filelock.Wait(ctx, filepath.Join(base, "."+key+".lock"))
 	if err != nil {
 		return "", nil, err
 	}
