@@ -379,6 +379,7 @@ const (
 	StepKubeletConfig    = "kubelet-config"
 	StepContainerdReady  = "containerd-ready"
 	StepKubelet          = "kubelet"
+	StepProxy            = "proxy"
 
 	StepStopKubelet    = "stop-kubelet"
 	StepStopContainerd = "stop-containerd"
@@ -402,6 +403,7 @@ func DefaultSteps() Steps {
 		{StepKubeletConfig, stepKubeletConfig},
 		{StepContainerdReady, stepContainerdReady},
 		{StepKubelet, stepKubelet},
+		{StepProxy, stepProxy},
 	}
 }
 

@@ -48,6 +48,7 @@ type Layout struct {
 
 	KubeletRoot         string // --root-dir
 	KubeletConfig       string // KubeletConfiguration (YAML)
+	ProxyConfig         string // KubeProxyConfiguration (YAML)
 	KubeletCertDir      string // --cert-dir: the client certificate after bootstrap
 	KubeletServingCert  string // tlsCertFile: self-signed, made by the agent (see ServingCert)
 	KubeletServingKey   string // tlsPrivateKeyFile
@@ -76,6 +77,7 @@ func DefaultLayout() Layout {
 
 		KubeletRoot:         "/var/lib/kubelet",
 		KubeletConfig:       "/var/lib/kubelet/config.yaml",
+		ProxyConfig:         "/var/lib/kube-proxy/config.yaml",
 		KubeletCertDir:      "/var/lib/kubelet/pki",
 		KubeletServingCert:  "/var/lib/kubelet/pki/kubelet.crt",
 		KubeletServingKey:   "/var/lib/kubelet/pki/kubelet.key",
@@ -102,7 +104,7 @@ func (l Layout) Under(root string) Layout {
 
 func (l *Layout) fields() []*string {
 	return []*string{&l.ContainerdConfig, &l.ContainerdCerts, &l.ContainerdSocket, &l.ContainerdRoot,
-		&l.ContainerdState, &l.CNIBinDir, &l.CNIConfDir, &l.CNITemplate, &l.KubeletRoot, &l.KubeletConfig,
+		&l.ContainerdState, &l.CNIBinDir, &l.CNIConfDir, &l.CNITemplate, &l.KubeletRoot, &l.KubeletConfig, &l.ProxyConfig,
 		&l.KubeletCertDir, &l.KubeletServingCert, &l.KubeletServingKey, &l.Kubeconfig, &l.BootstrapKubeconfig, &l.CACert, &l.ClientCACert, &l.ResolvConf, &l.Hosts,
 		&l.Hostname, &l.MachineID}
 }

@@ -10,6 +10,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 	"time"
 
 	"k8s.io/client-go/tools/clientcmd"
@@ -476,5 +478,47 @@ func TestServingCert(t *testing.T) {
 	other.NodeName = "ci-other"
 	if servingCertValid(l, other) {
 		t.Error("a certificate for another node is accepted")
+	}
+}
+
+// The kube-proxy configuration decodes as KubeProxyConfiguration and carries the node's
+// name, its kubeconfig, iptables mode and the cluster's pod range.
+func TestProxyConfig(t *testing.T) {
+	id := sampleIdentity()
+	id.PodCIDR = "10.3.0.0/16"
+	l := DefaultLayout()
+	var cfg struct {
+		APIVersion       string `json:"apiVersion"`
+		Kind             string `json:"kind"`
+		Mode             string `json:"mode"`
+		HostnameOverride string `json:"hostnameOverride"`
+		ClusterCIDR      string `json:"clusterCIDR"`
+		ClientConnection struct {
+			Kubeconfig string `json:"kubeconfig"`
+		} `json:"clientConnection"`
+		MetricsBindAddress string `json:"metricsBindAddress"`
+		HealthzBindAddress string `json:"healthzBindAddress"`
+		Conntrack          struct {
+			MaxPerCore int `json:"maxPerCore"`
+		} `json:"conntrack"`
+	}
+	if err := yaml.UnmarshalStrict(ProxyConfig(id, l), &cfg); err != nil {
+		t.Fatalf("%v\n%s", err, ProxyConfig(id, l))
+	}
+	if cfg.Kind != "KubeProxyConfiguration" || cfg.Mode != "iptables" || cfg.HostnameOverride != id.NodeName ||
+		cfg.ClusterCIDR != "10.3.0.0/16" || cfg.ClientConnection.Kubeconfig != l.Kubeconfig || cfg.MetricsBindAddress != "127.0.0.1:10249" {
+		t.Errorf("kube-proxy config %+v", cfg)
+	}
+	// kube-proxy's own loader and validation accept it.
+	file := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(file, ProxyConfig(id, l), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := proxyOptions(file); err != nil {
+		t.Errorf("kube-proxy refuses the config: %v", err)
+	}
+	id.PodCIDR = ""
+	if b := ProxyConfig(id, l); strings.Contains(string(b), "clusterCIDR") {
+		t.Errorf("clusterCIDR without a pod range:\n%s", b)
 	}
 }

@@ -24,6 +24,8 @@ func nodeJoinBindings() []struct{ name, role, group string } {
 		{"socialweb:kubelet-bootstrap", "system:node-bootstrapper", "system:bootstrappers"},
 		{"socialweb:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", "system:bootstrappers"},
 		{"socialweb:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", "system:nodes"},
+		// kube-proxy runs inside each node's agent with the kubelet's credentials.
+		{"socialweb:node-proxier", "system:node-proxier", "system:nodes"},
 	}
 }
 

@@ -37,6 +37,9 @@ type Identity struct {
 	Gateway string `json:"gateway"`
 	// DNS is the nameserver the node itself uses (the gateway's forwarder).
 	DNS string `json:"dns"`
+	// PodCIDR is the cluster's whole pod range (each node's share comes from node IPAM);
+	// kube-proxy masquerades Service traffic from outside it.
+	PodCIDR string `json:"podCIDR,omitempty"`
 	// ClusterDNS is the Service IP Pods use for cluster DNS.
 	ClusterDNS string `json:"clusterDNS"`
 	// Registry is the host-side registry every image name is mirrored to,

@@ -81,6 +81,7 @@ func (m Minter) Identity(ctx context.Context, req nodes.NodeRequest, addr net.IP
 		Gateway:        m.Plan.Gateway.String(),
 		DNS:            m.Plan.Gateway.String(),
 		ClusterDNS:     m.Plan.DNSService.String(),
+		PodCIDR:        m.Plan.PodCIDR.String(),
 		Registry:       m.Registry,
 		MaxPods:        req.MaxPods,
 		Labels:         req.Labels,

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -319,7 +320,7 @@ func TestPodsOnTwoNodesReachEachOther(t *testing.T) {
 	zero := int64(0)
 	mk := func(name string, cmd string) *corev1.Pod {
 		return &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{"app": "pair"}},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{"app": "pair", "role": name}},
 			Spec: corev1.PodSpec{
 				RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: &zero,
 				Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
@@ -362,6 +363,36 @@ func TestPodsOnTwoNodesReachEachOther(t *testing.T) {
 		return err == nil && strings.Contains(out, "reached-server")
 	})
 	t.Logf("client on %s fetched %s from server on %s: %q", pods["client"].Spec.NodeName, url, pods["server"].Spec.NodeName, strings.TrimSpace(out))
+
+	// A ClusterIP Service in front of the server answers on the client's node too
+	// (kube-proxy in each node's agent).
+	svc, err := k.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "server", Namespace: "default"},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"role": "server"},
+			Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svcURL := "http://" + svc.Spec.ClusterIP + "/"
+	var lastErr error
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		out, lastErr = execIn(ctx, cfg, k, "default", "client", "wget", "-q", "-O-", svcURL)
+		if lastErr == nil && strings.Contains(out, "reached-server") {
+			break
+		}
+		if time.Now().After(deadline) {
+			slices, _ := k.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{})
+			con, _ := os.ReadFile(filepath.Join(d.stateDir, "nodes", pods["client"].Spec.NodeName, "console.log"))
+			t.Fatalf("the client did not reach %s (Service server) in 2m: %q, %v\nendpoint slices: %+v\nclient node console (tail):\n%s",
+				svcURL, out, lastErr, slices.Items, tail(string(con), 30))
+		}
+		time.Sleep(2 * time.Second)
+	}
+	t.Logf("client fetched %s (Service server): %q", svcURL, strings.TrimSpace(out))
 	for _, n := range []string{"client", "server"} {
 		if err := k.CoreV1().Pods("default").Delete(ctx, n, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)

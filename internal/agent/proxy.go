@@ -1,0 +1,98 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/pflag"
+	proxyapp "k8s.io/kubernetes/cmd/kube-proxy/app"
+
+	"github.com/socialweb-computer/socialweb/internal/identity"
+)
+
+// ProxyConfig is the kube-proxy configuration file (KubeProxyConfiguration YAML): iptables
+// mode, the kubelet's kubeconfig (the node's own identity; the control plane binds
+// system:node-proxier to system:nodes), the node's name, and the cluster's pod range so
+// Service traffic from outside it is masqueraded. Metrics and health listen on loopback.
+func ProxyConfig(id identity.Identity, l Layout) []byte {
+	cidr := ""
+	if id.PodCIDR != "" {
+		cidr = fmt.Sprintf("clusterCIDR: %q\n", id.PodCIDR)
+	}
+	return fmt.Appendf(nil, `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: %q
+hostnameOverride: %q
+mode: iptables
+%smetricsBindAddress: 127.0.0.1:10249
+healthzBindAddress: 127.0.0.1:10256
+conntrack:
+  maxPerCore: 0
+`, l.Kubeconfig, id.NodeName, cidr)
+}
+
+// stepProxy starts kube-proxy in this process once the kubelet has finished its TLS
+// bootstrap (kube-proxy uses the kubeconfig that writes). It does not wait for that:
+// the boot chain goes on, and a kube-proxy that fails stops the node like a kubelet that
+// fails, so a node never runs without Services.
+func stepProxy(ctx context.Context, a *Agent) error {
+	if a.Identity.NodeName == "" {
+		return errors.New("the identity step must run before proxy")
+	}
+	cfgFile := a.Layout.ProxyConfig
+	if err := os.MkdirAll(filepath.Dir(cfgFile), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(cfgFile, ProxyConfig(a.Identity, a.Layout), 0o644); err != nil {
+		return err
+	}
+	// The kubelet writes its kubeconfig before the certificate it names: wait for both.
+	clientCert := filepath.Join(a.Layout.KubeletCertDir, "kubelet-client-current.pem")
+	go func() {
+		for {
+			_, err1 := os.Stat(a.Layout.Kubeconfig)
+			_, err2 := os.Stat(clientCert)
+			if err1 == nil && err2 == nil {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		err := runProxy(context.Background(), cfgFile)
+		a.Log.Error("kube-proxy ended", "err", err)
+		a.Stop("kube-proxy ended")
+	}()
+	return nil
+}
+
+// runProxy runs kube-proxy as its command does, without cobra and without
+// re-initialising logging, which the kubelet in the same process owns.
+func runProxy(ctx context.Context, configFile string) error {
+	opts, err := proxyOptions(configFile)
+	if err != nil {
+		return err
+	}
+	return opts.Run(ctx)
+}
+
+// proxyOptions are kube-proxy's options from its flags and configFile, completed and
+// validated by kube-proxy's own code.
+func proxyOptions(configFile string) (*proxyapp.Options, error) {
+	opts := proxyapp.NewOptions()
+	fs := pflag.NewFlagSet("kube-proxy", pflag.ContinueOnError)
+	opts.AddFlags(fs)
+	if err := fs.Parse([]string{"--config=" + configFile}); err != nil {
+		return nil, fmt.Errorf("kube-proxy flags: %w", err)
+	}
+	if err := opts.Complete(fs); err != nil {
+		return nil, fmt.Errorf("kube-proxy options: %w", err)
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("kube-proxy options: %w", err)
+	}
+	return opts, nil
+}
