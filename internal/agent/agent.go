@@ -380,6 +380,7 @@ const (
 	StepContainerdReady  = "containerd-ready"
 	StepKubelet          = "kubelet"
 	StepProxy            = "proxy"
+	StepDNS              = "dns"
 
 	StepStopKubelet    = "stop-kubelet"
 	StepStopContainerd = "stop-containerd"
@@ -404,6 +405,7 @@ func DefaultSteps() Steps {
 		{StepContainerdReady, stepContainerdReady},
 		{StepKubelet, stepKubelet},
 		{StepProxy, stepProxy},
+		{StepDNS, stepDNS},
 	}
 }
 

@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	proxyapp "k8s.io/kubernetes/cmd/kube-proxy/app"
 
+	"github.com/socialweb-computer/socialweb/internal/clusterdns"
 	"github.com/socialweb-computer/socialweb/internal/identity"
 )
 
@@ -51,20 +55,50 @@ func stepProxy(ctx context.Context, a *Agent) error {
 	if err := os.WriteFile(cfgFile, ProxyConfig(a.Identity, a.Layout), 0o644); err != nil {
 		return err
 	}
-	// The kubelet writes its kubeconfig before the certificate it names: wait for both.
-	clientCert := filepath.Join(a.Layout.KubeletCertDir, "kubelet-client-current.pem")
 	go func() {
-		for {
-			_, err1 := os.Stat(a.Layout.Kubeconfig)
-			_, err2 := os.Stat(clientCert)
-			if err1 == nil && err2 == nil {
-				break
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		a.waitKubeletCredentials()
 		err := runProxy(context.Background(), cfgFile)
 		a.Log.Error("kube-proxy ended", "err", err)
 		a.Stop("kube-proxy ended")
+	}()
+	return nil
+}
+
+// waitKubeletCredentials returns once the kubelet's TLS bootstrap has written its
+// kubeconfig and the client certificate it names (the kubeconfig comes first).
+func (a *Agent) waitKubeletCredentials() {
+	clientCert := filepath.Join(a.Layout.KubeletCertDir, "kubelet-client-current.pem")
+	for {
+		_, err1 := os.Stat(a.Layout.Kubeconfig)
+		_, err2 := os.Stat(clientCert)
+		if err1 == nil && err2 == nil {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// stepDNS starts the node's cluster DNS server on the kubelet's clusterDNS address (the
+// node's own address), answering cluster.local from the tenant API with the kubelet's
+// credentials and forwarding other names to the gateway's resolver. It restarts itself
+// if serving fails (clusterdns.Run).
+func stepDNS(ctx context.Context, a *Agent) error {
+	id := a.Identity
+	if id.ClusterDNS == "" {
+		a.Log.Info("no clusterDNS on the identity disk: no cluster DNS on this node")
+		return nil
+	}
+	go func() {
+		a.waitKubeletCredentials()
+		cfg, err := clientcmd.BuildConfigFromFlags("", a.Layout.Kubeconfig)
+		if err == nil {
+			var client kubernetes.Interface
+			if client, err = kubernetes.NewForConfig(cfg); err == nil {
+				err = clusterdns.Run(context.Background(), client, "cluster.local",
+					net.JoinHostPort(id.ClusterDNS, "53"), net.JoinHostPort(id.DNS, "53"), a.Log.With("component", "dns"))
+			}
+		}
+		a.Log.Error("cluster DNS ended", "err", err)
 	}()
 	return nil
 }

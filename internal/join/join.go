@@ -80,12 +80,13 @@ func (m Minter) Identity(ctx context.Context, req nodes.NodeRequest, addr net.IP
 		Address:        addr.String() + "/" + strconv.Itoa(ones),
 		Gateway:        m.Plan.Gateway.String(),
 		DNS:            m.Plan.Gateway.String(),
-		ClusterDNS:     m.Plan.DNSService.String(),
-		PodCIDR:        m.Plan.PodCIDR.String(),
-		Registry:       m.Registry,
-		MaxPods:        req.MaxPods,
-		Labels:         req.Labels,
-		MAC:            mac,
+		// Each node answers cluster DNS itself (internal/clusterdns in its agent).
+		ClusterDNS: addr.String(),
+		PodCIDR:    m.Plan.PodCIDR.String(),
+		Registry:   m.Registry,
+		MaxPods:    req.MaxPods,
+		Labels:     req.Labels,
+		MAC:        mac,
 	}
 	return ident, ident.Validate()
 }

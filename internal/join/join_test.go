@@ -28,7 +28,7 @@ func TestIdentityRegistersAShortLivedToken(t *testing.T) {
 	if !regexp.MustCompile(`^[a-z0-9]{6}\.[a-z0-9]{16}$`).MatchString(id.BootstrapToken) {
 		t.Errorf("token %q is not a bootstrap token", id.BootstrapToken)
 	}
-	if id.Address != "10.250.3.2/24" || id.Gateway != "10.250.3.1" || id.ClusterDNS != "10.251.0.10" || id.ProviderID != "socialweb://ci/ci-abc" {
+	if id.Address != "10.250.3.2/24" || id.Gateway != "10.250.3.1" || id.ClusterDNS != "10.250.3.2" || id.PodCIDR != "10.3.0.0/16" || id.ProviderID != "socialweb://ci/ci-abc" {
 		t.Errorf("identity = %+v", id)
 	}
 	secrets, _ := kube.CoreV1().Secrets(metav1.NamespaceSystem).List(context.Background(), metav1.ListOptions{})

@@ -393,6 +393,16 @@ func TestPodsOnTwoNodesReachEachOther(t *testing.T) {
 		time.Sleep(2 * time.Second)
 	}
 	t.Logf("client fetched %s (Service server): %q", svcURL, strings.TrimSpace(out))
+
+	// Cluster DNS, answered by the client's own node: the Service's short name (through
+	// the Pod's search path) and its full name.
+	for _, u := range []string{"http://server/", "http://server.default.svc.cluster.local/"} {
+		livetest.Eventually(t, time.Minute, 2*time.Second, "the client to reach "+u+" by name", func() bool {
+			var err error
+			out, err = execIn(ctx, cfg, k, "default", "client", "wget", "-q", "-O-", u)
+			return err == nil && strings.Contains(out, "reached-server")
+		})
+	}
 	for _, n := range []string{"client", "server"} {
 		if err := k.CoreV1().Pods("default").Delete(ctx, n, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
