@@ -360,6 +360,11 @@ func TestLiveStandInGuests(t *testing.T) {
 	reachTCP("A1 to a pod on A2's node keeps its address", "swbtest-a1", "10.198.2.1:8080", a1)
 	reachTCP("egress from A1 is masqueraded", "swbtest-a1", outsideIP+":8080", outsideHostIP)
 	reachTCP("egress from B1 is masqueraded", "swbtest-b1", outsideIP+":8080", outsideHostIP)
+	// A Service address reaching the host (a node whose kube-proxy has not synced yet)
+	// is refused at once rather than sent out to hang in SYN retries.
+	if _, err := dialFrom("swbtest-a1", "10.251.0.10:80", 3*time.Second); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Errorf("A1 to a Service address through the host: %v; want connection refused", err)
+	}
 	var wg sync.WaitGroup // each refused check waits out its timeout: run them together
 	for _, c := range [][3]string{
 		{"A1 to B1 (other cluster)", "swbtest-a1", b1 + ":8080"},

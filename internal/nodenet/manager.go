@@ -98,6 +98,11 @@ func (m *Manager) Ensure(ctx context.Context, cluster string, plan Plan) error {
 //
 // Chains hook at priority filter-10 / srcnat, before iptables(-nft) tables
 // at filter/srcnat: isolation drops happen first whatever else the host has.
+// Service addresses mean something only to a node's kube-proxy: a packet to
+// one that reaches the host (a connection opened before the node's rules were
+// synced) is refused at once. Forwarded to the uplink it would hang in SYN
+// retries on a conntrack entry the node never re-NATs.
+//
 // Note that an accept here is not final in netfilter: a later chain with a
 // drop policy (Docker's FORWARD) still sees the packet; dockerUser covers
 // Docker, see there.
@@ -116,6 +121,8 @@ func Ruleset(cluster string, plan Plan) string {
 		iifname "%[1]s" oifname "%[1]s" accept
 		iifname "%[1]s" oifname "%[2]s*" drop
 		oifname "%[1]s" iifname "%[2]s*" drop
+		iifname "%[1]s" ip daddr %[5]s meta l4proto tcp reject with tcp reset
+		iifname "%[1]s" ip daddr %[5]s reject with icmpx admin-prohibited
 		iifname "%[1]s" tcp flags & (syn | rst) == syn tcp option maxseg size set rt mtu
 		iifname "%[1]s" accept
 		oifname "%[1]s" ct state established,related accept

@@ -135,6 +135,8 @@ table inet socialweb-3 {
 		iifname "swb3" oifname "swb3" accept
 		iifname "swb3" oifname "swb*" drop
 		oifname "swb3" iifname "swb*" drop
+		iifname "swb3" ip daddr 10.251.0.0/16 meta l4proto tcp reject with tcp reset
+		iifname "swb3" ip daddr 10.251.0.0/16 reject with icmpx admin-prohibited
 		iifname "swb3" tcp flags & (syn | rst) == syn tcp option maxseg size set rt mtu
 		iifname "swb3" accept
 		oifname "swb3" ct state established,related accept

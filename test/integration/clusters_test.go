@@ -27,11 +27,15 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 )
 
-func grepLines(s, sub string) string {
+// grepLines is the lines of s that contain any of words.
+func grepLines(s string, words ...string) string {
 	var out []string
 	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
+		for _, w := range words {
+			if strings.Contains(l, w) {
+				out = append(out, l)
+				break
+			}
 		}
 	}
 	return strings.Join(out, "\n")

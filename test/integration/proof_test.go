@@ -387,8 +387,8 @@ func TestPodsOnTwoNodesReachEachOther(t *testing.T) {
 		if time.Now().After(deadline) {
 			slices, _ := k.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{})
 			con, _ := os.ReadFile(filepath.Join(d.stateDir, "nodes", pods["client"].Spec.NodeName, "console.log"))
-			t.Fatalf("the client did not reach %s (Service server) in 2m: %q, %v\nendpoint slices: %+v\nclient node console (tail):\n%s",
-				svcURL, out, lastErr, slices.Items, tail(string(con), 30))
+			t.Fatalf("the client did not reach %s (Service server) in 2m: %q, %v\nendpoint slices: %+v\nclient node console, kube-proxy lines:\n%s\nclient node console (tail):\n%s",
+				svcURL, out, lastErr, slices.Items, grepLines(string(con), "proxy", "iptables", "conntrack", "Sync"), tail(string(con), 30))
 		}
 		time.Sleep(2 * time.Second)
 	}
@@ -453,3 +453,4 @@ func hostNetwork(t *testing.T) map[string][]string {
 	}
 	return out
 }
+
