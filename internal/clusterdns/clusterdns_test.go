@@ -47,10 +47,10 @@ func TestLookup(t *testing.T) {
 		{"web.default.svc.cluster.local.", []string{"10.251.3.4"}, true, true},
 		{"WEB.Default.svc.cluster.local", []string{"10.251.3.4"}, true, true},
 		{"db.ci.svc.cluster.local.", []string{"10.1.0.5", "10.1.1.6"}, true, true}, // headless: ready endpoints
-		{"db-1.db.ci.svc.cluster.local.", []string{"10.1.1.6"}, true, true},          // StatefulSet Pod
-		{"db-2.db.ci.svc.cluster.local.", nil, false, true},                          // not ready
-		{"empty.ci.svc.cluster.local.", nil, true, true},                             // headless, no endpoints yet
-		{"ext.default.svc.cluster.local.", nil, false, true},                         // ExternalName: not served
+		{"db-1.db.ci.svc.cluster.local.", []string{"10.1.1.6"}, true, true},        // StatefulSet Pod
+		{"db-2.db.ci.svc.cluster.local.", nil, false, true},                        // not ready
+		{"empty.ci.svc.cluster.local.", nil, true, true},                           // headless, no endpoints yet
+		{"ext.default.svc.cluster.local.", nil, false, true},                       // ExternalName: not served
 		{"nope.default.svc.cluster.local.", nil, false, true},
 		{"10-1-0-5.ci.pod.cluster.local.", []string{"10.1.0.5"}, true, true},
 		{"10-1-0-x.ci.pod.cluster.local.", nil, false, true},

@@ -453,4 +453,3 @@ func hostNetwork(t *testing.T) map[string][]string {
 	}
 	return out
 }
-
