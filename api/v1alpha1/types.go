@@ -48,6 +48,9 @@ const (
 	// ConditionNodeBoot is about the last node boot: True when a node joined, False when
 	// one died or did not join in time (the message carries its last console lines).
 	ConditionNodeBoot = "NodeBoot"
+	// ConditionNodeNetwork is True when no node reports a network problem (it cannot
+	// reach the gateway, or its cluster DNS does not answer); False lists the problems.
+	ConditionNodeNetwork = "NodeNetwork"
 )
 
 // Cluster is a tenant Kubernetes cluster.

@@ -381,6 +381,7 @@ const (
 	StepKubelet          = "kubelet"
 	StepProxy            = "proxy"
 	StepDNS              = "dns"
+	StepHealth           = "health"
 
 	StepStopKubelet    = "stop-kubelet"
 	StepStopContainerd = "stop-containerd"
@@ -406,6 +407,7 @@ func DefaultSteps() Steps {
 		{StepKubelet, stepKubelet},
 		{StepProxy, stepProxy},
 		{StepDNS, stepDNS},
+		{StepHealth, stepHealth},
 	}
 }
 

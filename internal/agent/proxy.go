@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/socialweb-computer/socialweb/internal/clusterdns"
 	"github.com/socialweb-computer/socialweb/internal/identity"
+	"github.com/socialweb-computer/socialweb/internal/nodehealth"
 )
 
 // ProxyConfig is the kube-proxy configuration file (KubeProxyConfiguration YAML): iptables
@@ -80,8 +82,8 @@ func (a *Agent) waitKubeletCredentials() {
 
 // stepDNS starts the node's cluster DNS server on the kubelet's clusterDNS address (the
 // node's own address), answering cluster.local from the tenant API with the kubelet's
-// credentials and forwarding other names to the gateway's resolver. It restarts itself
-// if serving fails (clusterdns.Run).
+// credentials and forwarding other names to the gateway's resolver. The server restarts
+// its listener if serving fails (clusterdns.Run), and is started again here if it ends.
 func stepDNS(ctx context.Context, a *Agent) error {
 	id := a.Identity
 	if id.ClusterDNS == "" {
@@ -90,15 +92,49 @@ func stepDNS(ctx context.Context, a *Agent) error {
 	}
 	go func() {
 		a.waitKubeletCredentials()
-		cfg, err := clientcmd.BuildConfigFromFlags("", a.Layout.Kubeconfig)
-		if err == nil {
-			var client kubernetes.Interface
-			if client, err = kubernetes.NewForConfig(cfg); err == nil {
-				err = clusterdns.Run(context.Background(), client, "cluster.local",
-					net.JoinHostPort(id.ClusterDNS, "53"), net.JoinHostPort(id.DNS, "53"), a.Log.With("component", "dns"))
+		log := a.Log.With("component", "dns")
+		for {
+			cfg, err := clientcmd.BuildConfigFromFlags("", a.Layout.Kubeconfig)
+			if err == nil {
+				var client kubernetes.Interface
+				if client, err = kubernetes.NewForConfig(cfg); err == nil {
+					err = clusterdns.Run(context.Background(), client, clusterDomain,
+						net.JoinHostPort(id.ClusterDNS, "53"), net.JoinHostPort(id.DNS, "53"), log)
+				}
 			}
+			log.Error("cluster DNS ended; starting it again in 1s", "err", err)
+			time.Sleep(time.Second)
 		}
-		a.Log.Error("cluster DNS ended", "err", err)
+	}()
+	return nil
+}
+
+// clusterDomain is the kubelet's clusterDomain and the zone the node's DNS answers.
+const clusterDomain = "cluster.local"
+
+// stepHealth keeps the node's network health on its Node object: whether it reaches the
+// gateway (the tenant apiserver's address there) and whether its cluster DNS answers
+// for the kubernetes Service (nodehealth conditions, True = problem).
+func stepHealth(ctx context.Context, a *Agent) error {
+	id := a.Identity
+	u, err := url.Parse(id.APIServer)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("apiServer %q on the identity disk is not a URL: %v", id.APIServer, err)
+	}
+	p := nodehealth.Prober{Gateway: u.Host, ClusterDNS: net.JoinHostPort(id.ClusterDNS, "53"),
+		Name: "kubernetes.default.svc." + clusterDomain}
+	go func() {
+		a.waitKubeletCredentials()
+		cfg, err := clientcmd.BuildConfigFromFlags("", a.Layout.Kubeconfig)
+		var client kubernetes.Interface
+		if err == nil {
+			client, err = kubernetes.NewForConfig(cfg)
+		}
+		if err != nil {
+			a.Log.Error("node health: no client; node conditions are not reported", "err", err)
+			return
+		}
+		nodehealth.Run(context.Background(), client, id.NodeName, p, 10*time.Second, time.Minute, a.Log.With("component", "health"))
 	}()
 	return nil
 }

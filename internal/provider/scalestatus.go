@@ -61,6 +61,15 @@ const maxConditionMessage = 4096
 
 // RecordNodeBoot sets the NodeBoot condition.
 func (s ScaleStatus) RecordNodeBoot(ctx context.Context, cluster string, ok bool, reason, message string) error {
+	return s.setCondition(ctx, cluster, v1.ConditionNodeBoot, ok, reason, message)
+}
+
+// RecordNodeNetwork sets the NodeNetwork condition.
+func (s ScaleStatus) RecordNodeNetwork(ctx context.Context, cluster string, ok bool, reason, message string) error {
+	return s.setCondition(ctx, cluster, v1.ConditionNodeNetwork, ok, reason, message)
+}
+
+func (s ScaleStatus) setCondition(ctx context.Context, cluster, conditionType string, ok bool, reason, message string) error {
 	if len(message) > maxConditionMessage {
 		message = "..." + message[len(message)-maxConditionMessage+3:]
 	}
@@ -69,7 +78,7 @@ func (s ScaleStatus) RecordNodeBoot(ctx context.Context, cluster string, ok bool
 		status = metav1.ConditionTrue
 	}
 	return s.update(ctx, cluster, func(c *v1.Cluster) {
-		meta.SetStatusCondition(&c.Status.Conditions, metav1.Condition{Type: v1.ConditionNodeBoot, Status: status,
+		meta.SetStatusCondition(&c.Status.Conditions, metav1.Condition{Type: conditionType, Status: status,
 			Reason: reason, Message: message, ObservedGeneration: c.Generation})
 	})
 }

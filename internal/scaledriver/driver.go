@@ -103,6 +103,9 @@ type StatusRecorder interface {
 	// RecordNodeBoot reports how the last node boot went: ok when a node joined, not ok
 	// (with a reason such as JoinTimeout and a message) when one failed.
 	RecordNodeBoot(ctx context.Context, cluster string, ok bool, reason, message string) error
+	// RecordNodeNetwork reports the nodes' own network health (nodehealth conditions):
+	// ok when no node reports a problem, else the problems, one per line.
+	RecordNodeNetwork(ctx context.Context, cluster string, ok bool, reason, message string) error
 }
 
 // Deps are the driver's collaborators. Tenant and Provider are required.
@@ -155,6 +158,8 @@ type Driver struct {
 	passMu    sync.Mutex
 	idleSince map[string]time.Time // guarded by passMu
 	booting   map[string]time.Time // machines seen booting (name -> created); guarded by passMu
+	// network is the node network report last recorded ("" before the first); guarded by passMu.
+	network string
 }
 
 // New builds a driver; it registers metrics but does no I/O.

@@ -24,6 +24,8 @@ import (
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/socialweb-computer/socialweb/internal/livetest"
+	"github.com/socialweb-computer/socialweb/internal/nodehealth"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
 	"github.com/socialweb-computer/socialweb/internal/nodes/fake"
 	"github.com/socialweb-computer/socialweb/internal/scale"
@@ -49,8 +51,9 @@ type statusCall struct {
 
 type recStatus struct {
 	mu    sync.Mutex
-	calls []statusCall
-	boots []bootCall
+	calls   []statusCall
+	boots   []bootCall
+	network []bootCall
 }
 
 type bootCall struct {
@@ -76,6 +79,22 @@ func (s *recStatus) RecordNodeBoot(_ context.Context, c string, ok bool, reason,
 	defer s.mu.Unlock()
 	s.boots = append(s.boots, bootCall{ok, reason, message})
 	return nil
+}
+
+func (s *recStatus) RecordNodeNetwork(_ context.Context, c string, ok bool, reason, message string) error {
+	if c != cluster {
+		return fmt.Errorf("cluster %q", c)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.network = append(s.network, bootCall{ok, reason, message})
+	return nil
+}
+
+func (s *recStatus) getNetwork() []bootCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.network)
 }
 
 func (s *recStatus) getBoots() []bootCall {
@@ -731,4 +750,53 @@ func TestNewValidates(t *testing.T) {
 			t.Errorf("%s: New succeeded", name)
 		}
 	}
+}
+
+// TestNodeNetworkProblemsReachTheCluster: a node's own network conditions (nodehealth)
+// are summed up on the Cluster, once per change, with a Warning Event per new problem.
+func TestNodeNetworkProblemsReachTheCluster(t *testing.T) {
+	r := newRig(t, Config{}, false, []runtime.Object{testPod("a", boundTo("n1"))}, "n1")
+	ctx := context.Background()
+	r.start(ctx)
+	setDNS := func(status corev1.ConditionStatus, msg string) {
+		t.Helper()
+		n, err := r.client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Status.Conditions = []corev1.NodeCondition{
+			{Type: corev1.NodeReady, Status: corev1.ConditionTrue},
+			{Type: nodehealth.ClusterDNSUnavailable, Status: status, Message: msg},
+		}
+		if _, err := r.client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		livetest.Eventually(t, 5*time.Second, 10*time.Millisecond, "the driver's cache to see the node's conditions", func() bool {
+			n, err := r.d.nodeLister.Get("n1")
+			return err == nil && len(n.Status.Conditions) == 2 && n.Status.Conditions[1].Status == status
+		})
+	}
+	steps := []struct {
+		name   string
+		status corev1.ConditionStatus
+		want   []bootCall
+	}{
+		{"healthy: reported once", corev1.ConditionFalse, []bootCall{{true, "NodesHealthy", "no node reports a network problem"}}},
+		{"still healthy: nothing new", corev1.ConditionFalse, nil},
+		{"DNS down", corev1.ConditionTrue, []bootCall{{false, "NodeNetworkProblem", "node n1: ClusterDNSUnavailable: no answer"}}},
+		{"DNS back", corev1.ConditionFalse, []bootCall{{true, "NodesHealthy", "no node reports a network problem"}}},
+	}
+	seen := 0
+	for _, st := range steps {
+		setDNS(st.status, "no answer")
+		if _, err := r.d.RunPass(ctx); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		got := r.status.getNetwork()[seen:]
+		seen += len(got)
+		if !slices.Equal(got, st.want) {
+			t.Errorf("%s: recorded %+v, want %+v", st.name, got, st.want)
+		}
+	}
+	assertEvent(t, r.client, "NodeNetworkProblem", "node n1: ClusterDNSUnavailable: no answer")
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/socialweb-computer/socialweb/internal/nodehealth"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
 	"github.com/socialweb-computer/socialweb/internal/scale"
 )
@@ -37,6 +39,7 @@ func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
 	for _, j := range joined {
 		d.joined(ctx, j)
 	}
+	d.reportNetwork(ctx, o.Nodes)
 	dec, err := scale.Decide(o)
 	if err != nil {
 		return scale.Decision{}, fmt.Errorf("scaledriver: cluster %s: %w", d.cfg.Cluster, err)
@@ -191,6 +194,31 @@ func (d *Driver) fail(ctx context.Context, f failedMachine) {
 		return
 	}
 	d.metrics.nodeFailed(d.cfg.Cluster, f.reason)
+}
+
+// reportNetwork records the nodes' network health on the Cluster when it changed, and a
+// Warning Event for each new problem. A failed report is tried again next pass.
+func (d *Driver) reportNetwork(ctx context.Context, ns []*corev1.Node) {
+	problems := nodehealth.Problems(ns)
+	ok, reason, msg := true, "NodesHealthy", "no node reports a network problem"
+	if len(problems) > 0 {
+		ok, reason, msg = false, "NodeNetworkProblem", strings.Join(problems, "\n")
+	}
+	report := reason + "\n" + msg
+	if d.status == nil || report == d.network {
+		return
+	}
+	for _, p := range problems {
+		if !strings.Contains(d.network, p) {
+			d.log.Warn("node network problem", "problem", p)
+			d.event(ctx, scale.Decision{}, corev1.EventTypeWarning, "NodeNetworkProblem", p)
+		}
+	}
+	if err := d.status.RecordNodeNetwork(ctx, d.cfg.Cluster, ok, reason, msg); err != nil {
+		d.log.Error("record node network health in the cluster status", "err", err)
+		return
+	}
+	d.network = report
 }
 
 // joined records that a node registered.

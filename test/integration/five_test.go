@@ -1,0 +1,244 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/livetest"
+)
+
+// fiveJobScript is what each of the five Job Pods runs (busybox): serve its own page,
+// then reach the next Pod by name (it runs on another node), resolve and reach a
+// Service, resolve an external name through the host's resolver, and wait until the
+// previous Pod has fetched its page. Each step prints one line the test checks.
+const fiveJobScript = `i=$JOB_COMPLETION_INDEX; next=$(( (i+1) % 5 )); prev=$(( (i+4) % 5 )); me=$(hostname)
+mkdir -p /www && echo "reached-$me" > /www/peer.html && echo "web-$me" > /www/index.html
+httpd -f -vv -p 8080 -h /www 2>/tmp/access &
+until timeout 10 wget -q -O- "http://five-$next.peers:8080/peer.html" 2>/dev/null | grep -q "reached-five-$next"; do sleep 1; done
+echo "step peer: reached five-$next.peers"
+until timeout 10 nslookup web.default.svc.cluster.local 2>/dev/null | grep -q "^Name:"; do sleep 1; done
+until timeout 10 wget -q -O- http://web/ 2>/dev/null | grep -q "web-five-"; do sleep 1; done
+echo "step service: resolved and reached web"
+until timeout 10 nslookup "$EXTERNAL_NAME" 2>/dev/null | grep -q "^Name:"; do sleep 1; done
+echo "step external: resolved $EXTERNAL_NAME"
+until grep -q "url:/peer.html" /tmp/access; do sleep 1; done
+echo "step served: five-$prev fetched my page"
+`
+
+// TestFiveNodeProof is issue 5's proof under TCG: five Job Pods that must not share a
+// node boot five microVMs in parallel from zero; each Pod reaches the next one by name
+// on another node, resolves and reaches a Service, and resolves an external name (DNS
+// answered by its own node); the Pods finish and after the hold the cluster is back at
+// zero nodes and zero VMs. The control plane is Ready throughout.
+func TestFiveNodeProof(t *testing.T) {
+	img := nodeImage(t)
+	external := os.Getenv("SOCIALWEB_TEST_EXTERNAL_NAME")
+	if external == "" {
+		external = "deb.debian.org"
+	}
+	if _, err := net.LookupHost(external); err != nil {
+		t.Fatalf("the host cannot resolve %s (%v): the test needs one name the host's resolver answers; set SOCIALWEB_TEST_EXTERNAL_NAME", external, err)
+	}
+	d := newDaemon(t, 1, "--node-image", img)
+	d.start()
+	d.mustCLI("cluster", "create", "five", "--wait", "--hold", "10s", "--max-nodes", "5",
+		"--node-cpus", "1", "--node-memory", "512Mi")
+	_, k := d.tenant("five")
+	ctx := ctxT(t, 25*time.Minute)
+
+	// The control plane stays Ready from here to the end.
+	var (
+		mu       sync.Mutex
+		notReady []string
+		stop     = make(chan struct{})
+		watched  sync.WaitGroup
+	)
+	watched.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Second):
+			}
+			out, _, code := d.cli("cluster", "get", "five", "-o", "json")
+			var c v1.Cluster
+			if code != 0 || json.Unmarshal([]byte(out), &c) != nil || c.Status.Phase != v1.PhaseReady {
+				mu.Lock()
+				notReady = append(notReady, fmt.Sprintf("%s: exit %d phase %q conditions %+v", time.Now().Format(time.TimeOnly), code, c.Status.Phase, c.Status.Conditions))
+				mu.Unlock()
+			}
+		}
+	})
+	defer func() {
+		close(stop)
+		watched.Wait()
+		if len(notReady) > 0 {
+			t.Errorf("the control plane was not Ready %d times:\n%s", len(notReady), strings.Join(notReady, "\n"))
+		}
+	}()
+
+	if nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil || len(nl.Items) != 0 {
+		t.Fatalf("step 1: want zero nodes, got %v, %v", nl, err)
+	}
+	jobLabels := map[string]string{"batch.kubernetes.io/job-name": "five"}
+	for _, s := range []*corev1.Service{
+		{ObjectMeta: metav1.ObjectMeta{Name: "peers"}, Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone,
+			Selector: jobLabels, Ports: []corev1.ServicePort{{Port: 8080}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "web"}, Spec: corev1.ServiceSpec{
+			Selector: jobLabels, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}}},
+	} {
+		if _, err := k.CoreV1().Services("default").Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	five, zero, backoff := int32(5), int64(0), int32(0)
+	indexed := batchv1.IndexedCompletion
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "five", Namespace: "default"},
+		Spec: batchv1.JobSpec{
+			Completions: &five, Parallelism: &five, CompletionMode: &indexed, BackoffLimit: &backoff,
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: jobLabels},
+				Spec: corev1.PodSpec{
+					RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: &zero,
+					Subdomain: "peers",
+					Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+						RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+							LabelSelector: &metav1.LabelSelector{MatchLabels: jobLabels},
+							TopologyKey:   corev1.LabelHostname,
+						}},
+					}},
+					Containers: []corev1.Container{{
+						Name: "main", Image: "busybox:stable", Command: []string{"sh", "-c", fiveJobScript},
+						Env: []corev1.EnvVar{{Name: "EXTERNAL_NAME", Value: external}},
+					}},
+				},
+			},
+		},
+	}
+	t0 := time.Now()
+	if _, err := k.BatchV1().Jobs("default").Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	podsOf := func() []corev1.Pod {
+		pl, err := k.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=five"})
+		if err != nil {
+			t.Fatalf("listing the Job's Pods: %v", err)
+		}
+		return pl.Items
+	}
+	// 2-3. Five Pods, each running on its own freshly booted node.
+	nodeOf := map[string]string{}
+	defer func() {
+		if t.Failed() {
+			t.Logf("at the failure:\n%s", describeTenant(ctx, k))
+		}
+	}()
+	livetest.Eventually(t, 12*time.Minute, time.Second, "five Pods to run (or finish) on five nodes", func() bool {
+		for _, p := range podsOf() {
+			if p.Spec.NodeName != "" && p.Status.Phase != corev1.PodPending {
+				nodeOf[p.Name] = p.Spec.NodeName
+			}
+		}
+		return len(nodeOf) >= 5
+	})
+	t.Logf("five Pods scheduled and started %.1fs after the Job was created", time.Since(t0).Seconds())
+	distinct := map[string]bool{}
+	for _, n := range nodeOf {
+		distinct[n] = true
+	}
+	if len(distinct) != 5 || len(qemusOf(d.stateDir)) != 5 {
+		t.Fatalf("step 3: Pods on nodes %v (%d distinct), %d qemu processes; want five of each", nodeOf, len(distinct), len(qemusOf(d.stateDir)))
+	}
+
+	// 4-5. Every Pod does its network steps and finishes.
+	var finished *batchv1.Job
+	for end := time.Now().Add(10 * time.Minute); time.Now().Before(end); time.Sleep(2 * time.Second) {
+		j, err := k.BatchV1().Jobs("default").Get(ctx, "five", metav1.GetOptions{})
+		if err == nil {
+			finished = j
+			if j.Status.Succeeded == 5 || j.Status.Failed > 0 {
+				break
+			}
+		}
+	}
+	logs := map[string]string{}
+	for _, p := range podsOf() {
+		b, err := k.CoreV1().Pods("default").GetLogs(p.Name, &corev1.PodLogOptions{}).Do(ctx).Raw()
+		if err != nil {
+			t.Errorf("logs of %s: %v", p.Name, err)
+		}
+		logs[p.Name] = string(b)
+	}
+	names := make([]string, 0, len(logs))
+	for n := range logs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		t.Logf("%s on %s:\n%s", n, nodeOf[n], strings.TrimSpace(logs[n]))
+		for _, step := range []string{"step peer:", "step service:", "step external:", "step served:"} {
+			if !strings.Contains(logs[n], step) {
+				t.Errorf("%s on %s did not get to %q", n, nodeOf[n], step)
+			}
+		}
+	}
+	if finished == nil || finished.Status.Succeeded != 5 {
+		t.Fatalf("step 5: the Job did not finish with 5 successes: %+v", finished)
+	}
+	t.Logf("the Job finished %.1fs after it was created", time.Since(t0).Seconds())
+
+	// After the hold: zero nodes, zero VMs.
+	livetest.Eventually(t, 4*time.Minute, time.Second, "the cluster to fall back to zero nodes and VMs", func() bool {
+		nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		return err == nil && len(nl.Items) == 0 && len(qemusOf(d.stateDir)) == 0
+	})
+	t.Logf("back at zero nodes %.1fs after the Job was created", time.Since(t0).Seconds())
+}
+
+// describeTenant lists a tenant's Nodes (with their conditions), Pods and recent Events,
+// for a failing test's log.
+func describeTenant(ctx context.Context, k kubernetes.Interface) string {
+	var b strings.Builder
+	if nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
+		for _, n := range nl.Items {
+			fmt.Fprintf(&b, "node %s:", n.Name)
+			for _, c := range n.Status.Conditions {
+				fmt.Fprintf(&b, " %s=%s(%s)", c.Type, c.Status, c.Reason)
+			}
+			b.WriteString("\n")
+		}
+	}
+	if pl, err := k.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{}); err == nil {
+		for _, p := range pl.Items {
+			fmt.Fprintf(&b, "pod %s/%s: %s on %q", p.Namespace, p.Name, p.Status.Phase, p.Spec.NodeName)
+			for _, c := range p.Status.Conditions {
+				if c.Status != corev1.ConditionTrue {
+					fmt.Fprintf(&b, " %s=%s(%s: %s)", c.Type, c.Status, c.Reason, c.Message)
+				}
+			}
+			b.WriteString("\n")
+		}
+	}
+	if el, err := k.CoreV1().Events(metav1.NamespaceAll).List(ctx, metav1.ListOptions{}); err == nil {
+		for _, e := range el.Items[max(0, len(el.Items)-40):] {
+			fmt.Fprintf(&b, "event %s %s %s: %s\n", e.Type, e.Reason, e.InvolvedObject.Name, e.Message)
+		}
+	}
+	return b.String()
+}
