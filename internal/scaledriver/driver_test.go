@@ -50,7 +50,7 @@ type statusCall struct {
 }
 
 type recStatus struct {
-	mu    sync.Mutex
+	mu      sync.Mutex
 	calls   []statusCall
 	boots   []bootCall
 	network []bootCall
