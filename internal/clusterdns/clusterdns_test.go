@@ -2,14 +2,20 @@ package clusterdns
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"net"
 	"slices"
 	"testing"
+	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
+
+	"github.com/socialweb-computer/socialweb/internal/livetest"
 )
 
 func svc(ns, name, clusterIP string) *corev1.Service {
@@ -144,5 +150,85 @@ func TestServerAnswersAndForwards(t *testing.T) {
 	fresh := &Server{}
 	if resp := fresh.Answer(ctx, query(t, "web.default.svc.cluster.local.", dnsmessage.TypeA)); resp != nil {
 		t.Errorf("a server without a table and upstream answered %d bytes", len(resp))
+	}
+}
+
+// exchange sends query to addr over network (udp or tcp) and returns the A answers.
+func exchange(network, addr string, query []byte) ([]string, error) {
+	c, err := net.DialTimeout(network, addr, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	var resp []byte
+	if network == "tcp" {
+		if err := writeTCPMessage(c, query); err != nil {
+			return nil, err
+		}
+		if resp, err = readTCPMessage(c); err != nil {
+			return nil, err
+		}
+	} else {
+		if _, err := c.Write(query); err != nil {
+			return nil, err
+		}
+		buf := make([]byte, 4096)
+		n, err := c.Read(buf)
+		if err != nil {
+			return nil, err
+		}
+		resp = buf[:n]
+	}
+	var m dnsmessage.Message
+	if err := m.Unpack(resp); err != nil {
+		return nil, err
+	}
+	var got []string
+	for _, a := range m.Answers {
+		if r, ok := a.Body.(*dnsmessage.AResource); ok {
+			got = append(got, net.IP(r.A[:]).String())
+		}
+	}
+	return got, nil
+}
+
+// TestRunServesAndRestarts: Run answers from the tenant's Services over UDP and TCP, and
+// when its sockets die it listens again and answers.
+func TestRunServesAndRestarts(t *testing.T) {
+	probe, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := probe.LocalAddr().String()
+	probe.Close()
+	client := k8sfake.NewClientset(svc("default", "web", "10.251.3.4"))
+	listened := make(chan [2]io.Closer, 4)
+	s := &Server{Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		onListen: func(pc net.PacketConn, l net.Listener) { listened <- [2]io.Closer{pc, l} }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, client, "cluster.local", addr, s) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	answers := func(what string) {
+		t.Helper()
+		for _, network := range []string{"udp", "tcp"} {
+			livetest.Eventually(t, 5*time.Second, 50*time.Millisecond, what+" over "+network, func() bool {
+				got, err := exchange(network, addr, query(t, "web.default.svc.cluster.local.", dnsmessage.TypeA))
+				return err == nil && slices.Equal(got, []string{"10.251.3.4"})
+			})
+		}
+	}
+	first := <-listened
+	answers("the server to answer")
+	first[0].Close() // the UDP socket dies
+	answers("the server to answer again after its UDP socket died")
+	if len(listened) != 1 {
+		t.Errorf("listened %d more times, want once after the death", len(listened))
 	}
 }

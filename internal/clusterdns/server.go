@@ -2,8 +2,10 @@ package clusterdns
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync/atomic"
@@ -19,20 +21,47 @@ import (
 // ttl of the answers: short, because Services and endpoints change.
 const ttl = 5
 
-// Server answers DNS over UDP from the current Table and forwards names outside the
-// cluster domain to Upstream.
+// Server answers DNS over UDP and TCP from the current Table and forwards names outside
+// the cluster domain to Upstream (over the transport the query came on: a client retries
+// a truncated UDP answer over TCP).
 type Server struct {
 	Upstream string // host:port
 	Log      *slog.Logger
 	table    atomic.Pointer[Table]
+	// onListen, when set, sees each new pair of sockets (tests close them to kill the server).
+	onListen func(net.PacketConn, net.Listener)
 }
 
 // SetTable replaces the table answers come from.
 func (s *Server) SetTable(t *Table) { s.table.Store(t) }
 
-// Serve answers queries on conn until ctx ends or reading fails.
+// ServeAddr listens on addr over UDP and TCP and answers until ctx ends (nil) or either
+// socket fails (the error; both are closed).
+func (s *Server) ServeAddr(ctx context.Context, addr string) error {
+	pc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return fmt.Errorf("cluster DNS: %w", err)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		pc.Close()
+		return fmt.Errorf("cluster DNS: %w", err)
+	}
+	if s.onListen != nil {
+		s.onListen(pc, l)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, 2)
+	go func() { errs <- s.Serve(ctx, pc); cancel() }()
+	go func() { errs <- s.ServeTCP(ctx, l); cancel() }()
+	return errors.Join(<-errs, <-errs)
+}
+
+// Serve answers queries on conn until ctx ends (nil) or reading fails.
 func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
-	go func() { <-ctx.Done(); conn.Close() }()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
 	buf := make([]byte, 4096)
 	for {
 		n, from, err := conn.ReadFrom(buf)
@@ -40,19 +69,85 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("cluster DNS: reading: %w", err)
+			return fmt.Errorf("cluster DNS: reading UDP: %w", err)
 		}
 		q := append([]byte(nil), buf[:n]...)
 		go func() {
-			if resp := s.Answer(ctx, q); resp != nil {
+			if resp := s.answerSafely(ctx, "udp", q); resp != nil {
 				_, _ = conn.WriteTo(resp, from)
 			}
 		}()
 	}
 }
 
-// Answer returns the response to one query message, or nil to drop it.
+// ServeTCP answers queries on l (RFC 1035 4.2.2: two-byte length, then the message) until
+// ctx ends (nil) or accepting fails.
+func (s *Server) ServeTCP(ctx context.Context, l net.Listener) error {
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("cluster DNS: accepting TCP: %w", err)
+		}
+		go func() {
+			defer c.Close()
+			for {
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				q, err := readTCPMessage(c)
+				if err != nil {
+					return
+				}
+				resp := s.answerSafely(ctx, "tcp", q)
+				if resp == nil || writeTCPMessage(c, resp) != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+func readTCPMessage(r io.Reader) ([]byte, error) {
+	var n [2]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return nil, err
+	}
+	msg := make([]byte, binary.BigEndian.Uint16(n[:]))
+	_, err := io.ReadFull(r, msg)
+	return msg, err
+}
+
+func writeTCPMessage(w io.Writer, msg []byte) error {
+	if len(msg) > 0xffff {
+		return errors.New("DNS message too long")
+	}
+	_, err := w.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(msg))), msg...))
+	return err
+}
+
+// answerSafely is Answer, except that a panic drops the query instead of the node's agent
+// (PID 1).
+func (s *Server) answerSafely(ctx context.Context, network string, query []byte) (resp []byte) {
+	defer func() {
+		if r := recover(); r != nil {
+			if s.Log != nil {
+				s.Log.Error("cluster DNS: a query panicked; dropped", "panic", r)
+			}
+			resp = nil
+		}
+	}()
+	return s.answer(ctx, network, query)
+}
+
+// Answer returns the response to one query message that came over UDP, or nil to drop it.
 func (s *Server) Answer(ctx context.Context, query []byte) []byte {
+	return s.answer(ctx, "udp", query)
+}
+
+func (s *Server) answer(ctx context.Context, network string, query []byte) []byte {
 	var p dnsmessage.Parser
 	h, err := p.Start(query)
 	if err != nil || h.Response {
@@ -69,7 +164,7 @@ func (s *Server) Answer(ctx context.Context, query []byte) []byte {
 		ips, exists, inZone = t.Lookup(q.Name.String())
 	}
 	if !inZone {
-		return s.forward(ctx, query)
+		return s.forward(ctx, network, query)
 	}
 	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired,
 		RecursionAvailable: true, RCode: dnsmessage.RCodeSuccess}
@@ -97,21 +192,32 @@ func (s *Server) Answer(ctx context.Context, query []byte) []byte {
 	return out
 }
 
-// forward relays a query to the upstream resolver and returns its answer (nil if none).
-func (s *Server) forward(ctx context.Context, query []byte) []byte {
+// forward relays a query to the upstream resolver over network and returns its answer
+// (nil if none).
+func (s *Server) forward(ctx context.Context, network string, query []byte) []byte {
 	if s.Upstream == "" {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "udp", s.Upstream)
+	c, err := d.DialContext(ctx, network, s.Upstream)
 	if err != nil {
 		return nil
 	}
 	defer c.Close()
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
+	}
+	if network == "tcp" {
+		if writeTCPMessage(c, query) != nil {
+			return nil
+		}
+		resp, err := readTCPMessage(c)
+		if err != nil {
+			return nil
+		}
+		return resp
 	}
 	if _, err := c.Write(query); err != nil {
 		return nil
@@ -124,15 +230,19 @@ func (s *Server) forward(ctx context.Context, query []byte) []byte {
 	return buf[:n]
 }
 
-// Run serves cluster DNS for domain on addr (UDP) from the tenant's Services and
+// Run serves cluster DNS for domain on addr (UDP and TCP) from the tenant's Services and
 // EndpointSlices until ctx ends. The table is rebuilt on every change once the caches
 // have synced; before that, cluster names are not answered (never wrongly NXDOMAIN). If
 // serving fails it is restarted after a second.
 func Run(ctx context.Context, tenant kubernetes.Interface, domain, addr, upstream string, log *slog.Logger) error {
+	return run(ctx, tenant, domain, addr, &Server{Upstream: upstream, Log: log})
+}
+
+func run(ctx context.Context, tenant kubernetes.Interface, domain, addr string, s *Server) error {
+	log, upstream := s.Log, s.Upstream
 	factory := informers.NewSharedInformerFactory(tenant, 0)
 	svcs := factory.Core().V1().Services()
 	eps := factory.Discovery().V1().EndpointSlices()
-	s := &Server{Upstream: upstream, Log: log}
 	kick := make(chan struct{}, 1)
 	poke := func(any) {
 		select {
@@ -168,12 +278,8 @@ func Run(ctx context.Context, tenant kubernetes.Interface, domain, addr, upstrea
 		}
 	}()
 	for ctx.Err() == nil {
-		conn, err := net.ListenPacket("udp", addr)
-		if err == nil {
-			log.Info("cluster DNS serving", "address", addr, "domain", domain, "upstream", upstream)
-			err = s.Serve(ctx, conn)
-		}
-		if err != nil && ctx.Err() == nil {
+		log.Info("cluster DNS serving", "address", addr, "domain", domain, "upstream", upstream)
+		if err := s.ServeAddr(ctx, addr); err != nil && ctx.Err() == nil {
 			log.Error("cluster DNS stopped; restarting in 1s", "err", err)
 		}
 		select {
