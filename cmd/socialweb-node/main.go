@@ -8,6 +8,7 @@
 //
 //	socialweb-node [-identity /dev/vdb]   run as the node agent (PID 1)
 //	socialweb-node -version               print the version
+//	socialweb-node kube-proxy --config F  run kube-proxy (the agent starts it as a child)
 package main
 
 import (
@@ -22,6 +23,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == agent.ProxyCommand {
+		os.Exit(agent.ProxyMain(os.Args[2:]))
+	}
 	cfg := agent.DefaultConfig()
 	flag.StringVar(&cfg.IdentityDevice, "identity", cfg.IdentityDevice, "identity disk (the kernel command line's socialweb.identity= wins)")
 	showVersion := flag.Bool("version", false, "print the version and exit")

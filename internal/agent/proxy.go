@@ -3,14 +3,21 @@ package agent
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"slices"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	proxyapp "k8s.io/kubernetes/cmd/kube-proxy/app"
@@ -42,10 +49,13 @@ conntrack:
 `, l.Kubeconfig, id.NodeName, cidr)
 }
 
-// stepProxy starts kube-proxy in this process once the kubelet has finished its TLS
-// bootstrap (kube-proxy uses the kubeconfig that writes). It does not wait for that:
-// the boot chain goes on, and a kube-proxy that fails stops the node like a kubelet that
-// fails, so a node never runs without Services.
+// stepProxy starts kube-proxy once the kubelet has finished its TLS bootstrap (kube-proxy
+// uses the kubeconfig that writes) and the Node has its address. It does not wait for
+// that: the boot chain goes on.
+//
+// kube-proxy runs as a child process (this binary, ProxyCommand), not in PID 1: it calls
+// os.Exit to restart itself when the Node's addresses change, which in PID 1 panics the
+// kernel. The child is started again whenever it exits.
 func stepProxy(ctx context.Context, a *Agent) error {
 	if a.Identity.NodeName == "" {
 		return errors.New("the identity step must run before proxy")
@@ -57,13 +67,90 @@ func stepProxy(ctx context.Context, a *Agent) error {
 	if err := os.WriteFile(cfgFile, ProxyConfig(a.Identity, a.Layout), 0o644); err != nil {
 		return err
 	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding this binary to run kube-proxy: %w", err)
+	}
 	go func() {
 		a.waitKubeletCredentials()
-		err := runProxy(context.Background(), cfgFile)
-		a.Log.Error("kube-proxy ended", "err", err)
-		a.Stop("kube-proxy ended")
+		a.waitNodeAddress()
+		for restarts := 0; ; restarts++ {
+			err := a.runChild("kube-proxy", self, ProxyCommand, "--config", cfgFile)
+			a.mu.Lock()
+			stopping := a.stopping
+			a.mu.Unlock()
+			if stopping {
+				return
+			}
+			a.Log.Error("kube-proxy exited; starting it again in 1s", "err", err, "restarts", restarts)
+			time.Sleep(time.Second)
+		}
 	}()
 	return nil
+}
+
+// ProxyCommand is the first argument that makes this binary run kube-proxy.
+const ProxyCommand = "kube-proxy"
+
+// ProxyMain runs kube-proxy with args (--config FILE) until SIGTERM; it is the child
+// stepProxy starts. It returns the process's exit code.
+func ProxyMain(args []string) int {
+	fs := flag.NewFlagSet(ProxyCommand, flag.ContinueOnError)
+	cfgFile := fs.String("config", "", "KubeProxyConfiguration file")
+	if err := fs.Parse(args); err != nil || *cfgFile == "" {
+		fmt.Fprintln(os.Stderr, "usage: socialweb-node kube-proxy --config FILE")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := runProxy(ctx, *cfgFile); err != nil && ctx.Err() == nil {
+		fmt.Fprintln(os.Stderr, "kube-proxy:", err)
+		return 1
+	}
+	return 0
+}
+
+// runChild runs self with args, its output on the console prefixed with name, until it
+// exits.
+func (a *Agent) runChild(name, self string, args ...string) error {
+	cmd := exec.Command(self, args...)
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = w, w
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		r.Close()
+		return err
+	}
+	go prefixLines(r, os.Stdout, name+": ")
+	return cmd.Wait()
+}
+
+// waitNodeAddress returns once the Node has an InternalIP (the cloud controller sets it
+// after registration); kube-proxy started before that restarts itself when it appears.
+// It gives up after two minutes: kube-proxy copes, at the cost of one restart.
+func (a *Agent) waitNodeAddress() {
+	cfg, err := clientcmd.BuildConfigFromFlags("", a.Layout.Kubeconfig)
+	var client kubernetes.Interface
+	if err == nil {
+		client, err = kubernetes.NewForConfig(cfg)
+	}
+	if err != nil {
+		a.Log.Warn("kube-proxy: not waiting for the node's address", "err", err)
+		return
+	}
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		n, err := client.CoreV1().Nodes().Get(ctx, a.Identity.NodeName, metav1.GetOptions{})
+		cancel()
+		if err == nil && slices.ContainsFunc(n.Status.Addresses, func(ad corev1.NodeAddress) bool { return ad.Type == corev1.NodeInternalIP }) {
+			return
+		}
+	}
+	a.Log.Warn("kube-proxy: the node has no InternalIP after 2m; starting it anyway")
 }
 
 // waitKubeletCredentials returns once the kubelet's TLS bootstrap has written its
@@ -139,8 +226,7 @@ func stepHealth(ctx context.Context, a *Agent) error {
 	return nil
 }
 
-// runProxy runs kube-proxy as its command does, without cobra and without
-// re-initialising logging, which the kubelet in the same process owns.
+// runProxy runs kube-proxy as its command does, without cobra.
 func runProxy(ctx context.Context, configFile string) error {
 	opts, err := proxyOptions(configFile)
 	if err != nil {
