@@ -12,7 +12,14 @@
 // The guest uptimes come from the agent's timeline lines on the serial console
 // (`step=<name> uptime=<s>s`); the host times from the tenant API and the daemon.
 //
-//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3]
+// With -pods N each run creates N Pods at once that must not share a node, prints each
+// node's timeline, the time from N Pending Pods to N Running, and the host memory each
+// microVM costs (RSS of its qemu process against the guest's memory). With -large MiB
+// the Pods run a locally built image of that size, pushed into the host registry once;
+// each row then also has the Pod's image pull time, and the run prints the bytes the
+// host sent over the cluster bridge and received on its other interfaces meanwhile.
+//
+//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi] [-large 1024]
 package main
 
 import (
@@ -36,12 +43,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/socialweb-computer/socialweb/internal/images"
 )
 
 func main() {
 	bin := flag.String("bin", "bin/socialweb", "socialweb binary")
 	image := flag.String("image", "", "node image directory (`socialweb image build --ensure` prints it)")
 	runs := flag.Int("runs", 3, "boots to measure")
+	pods := flag.Int("pods", 1, "Pods per run, each on its own node")
+	memory := flag.String("memory", "1Gi", "node memory")
+	largeMiB := flag.Int("large", 0, "run a locally built image of this many MiB (0: busybox)")
 	flag.Parse()
 	if *image == "" {
 		log.Fatal("-image is required")
@@ -51,6 +63,17 @@ func main() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(state)
+	podImage := "busybox:stable"
+	if *largeMiB > 0 {
+		tarPath, _, err := images.Large(context.Background(), *largeMiB, images.Options{})
+		if err != nil {
+			log.Fatalf("building the %d MiB image: %v", *largeMiB, err)
+		}
+		podImage = images.LargeRef(*largeMiB)
+		if out, err := exec.Command(*bin, "image", "push", tarPath, "--state-dir", state).CombinedOutput(); err != nil {
+			log.Fatalf("image push: %v\n%s", err, out)
+		}
+	}
 	apiPort, lo := freePort(), freePort()
 	daemon := exec.Command(*bin, "serve", "--state-dir", state, "--node-image", *image,
 		"--api-port", strconv.Itoa(apiPort), "--port-range", fmt.Sprintf("%d-%d", lo, lo),
@@ -81,7 +104,8 @@ func main() {
 			log.Fatal("the daemon did not come up; see its log")
 		}
 	}
-	if out, err := cli("cluster", "create", "boot", "--wait", "--hold", "5s", "--max-nodes", "1"); err != nil {
+	if out, err := cli("cluster", "create", "boot", "--wait", "--hold", "5s", "--max-nodes", strconv.Itoa(*pods),
+		"--node-cpus", "1", "--node-memory", *memory); err != nil {
 		stop()
 		log.Fatalf("cluster create: %v\n%s", err, out)
 	}
@@ -102,15 +126,21 @@ func main() {
 		f.Close()
 		accel = "kvm"
 	}
-	fmt.Printf("| run | accel | Pod->VMM start | kernel init (guest) | agent up (guest) | Pod->registered | Pod->Node Ready | Pod->Pod Running |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Printf("%d Pod(s) per run, node size 1 vCPU / %s, %s, image %s\n\n", *pods, *memory, accel, podImage)
+	fmt.Printf("| run | node | Pod->VMM start | kernel init (guest) | agent up (guest) | Pod->registered | Pod->Node Ready | Pod->Pod Running | image pull | qemu RSS |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	var rows [][]float64
+	var summary []string
 	for i := range *runs {
-		r, err := measure(ctx, k, filepath.Join(state, "nodes"), i)
+		r, err := measure(ctx, k, state, i, *pods, podImage)
 		if err != nil {
 			log.Fatalf("run %d: %v", i, err)
 		}
-		rows = append(rows, r)
-		fmt.Printf("| %d | %s |%s\n", i+1, accel, cells(r))
+		for j, n := range r.nodes {
+			rows = append(rows, n.times())
+			fmt.Printf("| %d | %d |%s %.2fs | %d MiB |\n", i+1, j+1, cells(n.times()), n.pull, n.rssMiB)
+		}
+		summary = append(summary, fmt.Sprintf("| %d | %.2fs | %d MiB | %d MiB | %.1f MiB | %.1f MiB | %d MiB |", i+1, r.allRunning.Seconds(),
+			r.guestMiB, r.meanRSSMiB(), float64(r.bridgeTx)/(1<<20), float64(r.otherRx)/(1<<20), r.registryMiB))
 	}
 	med := make([]float64, len(rows[0]))
 	for c := range med {
@@ -121,7 +151,11 @@ func main() {
 		sort.Float64s(col)
 		med[c] = col[len(col)/2]
 	}
-	fmt.Printf("| median | %s |%s\n", accel, cells(med))
+	fmt.Printf("| median | all |%s | |\n", cells(med))
+	fmt.Printf("\n| run | %d Pending -> %d Running | guest memory | qemu RSS (mean) | host -> guests over the bridge | host received elsewhere | host registry on disk |\n|---|---|---|---|---|---|---|\n", *pods, *pods)
+	for _, l := range summary {
+		fmt.Println(l)
+	}
 }
 
 func cells(r []float64) string {
@@ -134,59 +168,122 @@ func cells(r []float64) string {
 
 var stepRE = regexp.MustCompile(`step=(\S+) uptime=([0-9.]+)s`)
 
-// measure runs one Pod through a boot and waits until the cluster is back at zero.
-func measure(ctx context.Context, k kubernetes.Interface, nodesDir string, i int) ([]float64, error) {
-	name := fmt.Sprintf("boot-%d", i)
-	zero := int64(0)
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: &zero,
-			Containers: []corev1.Container{{Name: "main", Image: "busybox:stable", Command: []string{"sleep", "3600"}}}}}
-	t0 := time.Now()
-	if _, err := k.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		return nil, err
+// nodeTimes is one node's timeline (seconds from the Pods' creation, guest uptimes for
+// kernel and agent), its Pod's image pull and its qemu's RSS once the Pods ran.
+type nodeTimes struct {
+	name                                    string
+	vmm, kernel, agentUp, registered, ready float64
+	running, pull                           float64
+	rssMiB                                  int
+}
+
+func (n nodeTimes) times() []float64 {
+	return []float64{n.vmm, n.kernel, n.agentUp, n.registered, n.ready, n.running}
+}
+
+type runResult struct {
+	nodes             []nodeTimes
+	allRunning        time.Duration
+	guestMiB          int
+	bridgeTx, otherRx int64
+	registryMiB       int64
+}
+
+func (r runResult) meanRSSMiB() int {
+	sum := 0
+	for _, n := range r.nodes {
+		sum += n.rssMiB
 	}
-	var vmm, registered, ready, running time.Duration
-	var node string
-	var kernel, agentUp float64
-	deadline := t0.Add(10 * time.Minute)
-	for running == 0 || agentUp == 0 {
+	return sum / max(1, len(r.nodes))
+}
+
+// measure creates n anti-affine Pods at once, follows each node's boot and each Pod to
+// Running, then deletes the Pods and waits until the cluster is back at zero.
+func measure(ctx context.Context, k kubernetes.Interface, state string, run, n int, podImage string) (runResult, error) {
+	nodesDir := filepath.Join(state, "nodes")
+	zero := int64(0)
+	labels := map[string]string{"bench": fmt.Sprintf("run-%d", run)}
+	bridgeTx0, otherRx0 := netCounters()
+	t0 := time.Now()
+	for p := range n {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("boot-%d-%d", run, p), Namespace: "default", Labels: labels},
+			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: &zero,
+				Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+					RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+						LabelSelector: &metav1.LabelSelector{MatchLabels: labels}, TopologyKey: corev1.LabelHostname}}}},
+				Containers: []corev1.Container{{Name: "main", Image: podImage, Command: []string{"sleep", "3600"}}}}}
+		if _, err := k.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return runResult{}, err
+		}
+	}
+	nodes := map[string]*nodeTimes{}
+	var res runResult
+	deadline := t0.Add(20 * time.Minute)
+	for {
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("pod %s not running with a full console timeline after 10m", name)
+			return res, fmt.Errorf("%d Pods not running with full console timelines after 20m", n)
 		}
-		now := time.Since(t0)
-		if vmm == 0 {
-			if entries, _ := os.ReadDir(nodesDir); len(entries) > 0 {
-				for _, e := range entries {
-					if e.IsDir() && e.Name() != "consoles" {
-						node, vmm = e.Name(), now
+		now := time.Since(t0).Seconds()
+		entries, _ := os.ReadDir(nodesDir)
+		for _, e := range entries {
+			if e.IsDir() && e.Name() != "consoles" && nodes[e.Name()] == nil {
+				nodes[e.Name()] = &nodeTimes{name: e.Name(), vmm: now}
+			}
+		}
+		for _, nt := range nodes {
+			if nt.agentUp == 0 {
+				nt.kernel, nt.agentUp = consoleTimes(filepath.Join(nodesDir, nt.name, "console.log"))
+			}
+			if nt.registered == 0 || nt.ready == 0 {
+				if node, err := k.CoreV1().Nodes().Get(ctx, nt.name, metav1.GetOptions{}); err == nil {
+					if nt.registered == 0 {
+						nt.registered = now // polled; creationTimestamp has only seconds
+					}
+					for _, c := range node.Status.Conditions {
+						if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && nt.ready == 0 {
+							nt.ready = now
+						}
 					}
 				}
 			}
 		}
-		if node != "" && agentUp == 0 {
-			kernel, agentUp = consoleTimes(filepath.Join(nodesDir, node, "console.log"))
-		}
-		if node != "" && (registered == 0 || ready == 0) {
-			if n, err := k.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err == nil {
-				if registered == 0 {
-					registered = now // polled every 100 ms; creationTimestamp has only seconds
-				}
-				for _, c := range n.Status.Conditions {
-					if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && ready == 0 {
-						ready = now
+		pl, err := k.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "bench=" + labels["bench"]})
+		running, timelines := 0, 0
+		if err == nil {
+			for _, p := range pl.Items {
+				if nt := nodes[p.Spec.NodeName]; nt != nil && p.Status.Phase == corev1.PodRunning {
+					running++
+					if nt.running == 0 {
+						nt.running = now
 					}
 				}
 			}
 		}
-		if running == 0 {
-			if p, err := k.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{}); err == nil && p.Status.Phase == corev1.PodRunning {
-				running = now
+		for _, nt := range nodes {
+			if nt.agentUp > 0 {
+				timelines++
 			}
+		}
+		if running == n && res.allRunning == 0 {
+			res.allRunning = time.Since(t0)
+		}
+		if res.allRunning > 0 && timelines >= n {
+			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if err := k.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
-		return nil, err
+	bridgeTx1, otherRx1 := netCounters()
+	res.bridgeTx, res.otherRx = bridgeTx1-bridgeTx0, otherRx1-otherRx0
+	res.registryMiB = duMiB(filepath.Join(state, "registry"))
+	pulls := pullTimes(ctx, k)
+	for _, nt := range nodes {
+		nt.rssMiB, res.guestMiB = qemuRSS(nt.name)
+		nt.pull = pulls[nt.name]
+		res.nodes = append(res.nodes, *nt)
+	}
+	sort.Slice(res.nodes, func(i, j int) bool { return res.nodes[i].vmm < res.nodes[j].vmm })
+	if err := k.CoreV1().Pods("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "bench=" + labels["bench"]}); err != nil {
+		return res, err
 	}
 	for ; ; time.Sleep(time.Second) {
 		nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
@@ -200,11 +297,102 @@ func measure(ctx context.Context, k kubernetes.Interface, nodesDir string, i int
 		if err == nil && len(nl.Items) == 0 && dirs == 0 {
 			break
 		}
-		if time.Since(t0) > 15*time.Minute {
-			return nil, fmt.Errorf("node %s not gone", node)
+		if time.Since(t0) > 30*time.Minute {
+			return res, fmt.Errorf("nodes not gone")
 		}
 	}
-	return []float64{vmm.Seconds(), kernel, agentUp, registered.Seconds(), ready.Seconds(), running.Seconds()}, nil
+	return res, nil
+}
+
+// pullRE matches the kubelet's Pulled event: `... in 1.234s (5.678s including waiting)`.
+var pullRE = regexp.MustCompile(`Successfully pulled image .* in (\S+) \(`)
+
+// pullTimes is each node's latest image pull time, from the kubelet's Pulled events
+// (0 when the image was already there).
+func pullTimes(ctx context.Context, k kubernetes.Interface) map[string]float64 {
+	out := map[string]float64{}
+	el, err := k.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "reason=Pulled"})
+	if err != nil {
+		return out
+	}
+	for _, e := range el.Items {
+		m := pullRE.FindStringSubmatch(e.Message)
+		if m == nil {
+			continue
+		}
+		if d, err := time.ParseDuration(m[1]); err == nil {
+			out[e.Source.Host] = d.Seconds()
+		}
+	}
+	return out
+}
+
+// netCounters are the bytes the host sent on its socialweb bridges (swb*) and received
+// on every other interface but loopback, from /proc/net/dev.
+func netCounters() (bridgeTx, otherRx int64) {
+	b, err := os.ReadFile("/proc/net/dev")
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n")[2:] {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		name = strings.TrimSpace(name)
+		f := strings.Fields(rest)
+		if len(f) < 9 {
+			continue
+		}
+		rx, _ := strconv.ParseInt(f[0], 10, 64)
+		tx, _ := strconv.ParseInt(f[8], 10, 64)
+		switch {
+		case strings.HasPrefix(name, "swb"):
+			bridgeTx += tx
+		case name != "lo" && !strings.HasPrefix(name, "swt"):
+			otherRx += rx
+		}
+	}
+	return bridgeTx, otherRx
+}
+
+// qemuRSS is the resident memory of the qemu process running node, and its guest memory
+// (-m), in MiB.
+func qemuRSS(node string) (rssMiB, guestMiB int) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, c := range procs {
+		b, err := os.ReadFile(c)
+		if err != nil || !strings.Contains(string(b), "qemu-system") || !strings.Contains(string(b), "guest="+node) {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		for i, a := range args {
+			if a == "-m" && i+1 < len(args) {
+				guestMiB, _ = strconv.Atoi(strings.TrimSuffix(strings.Split(args[i+1], ",")[0], "M"))
+			}
+		}
+		status, _ := os.ReadFile(filepath.Join(filepath.Dir(c), "status"))
+		for _, l := range strings.Split(string(status), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+				kb, _ := strconv.Atoi(f[1])
+				rssMiB = kb / 1024
+			}
+		}
+	}
+	return rssMiB, guestMiB
+}
+
+func duMiB(dir string) int64 {
+	var total int64
+	_ = filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if info, err := d.Info(); err == nil {
+				total += info.Size()
+			}
+		}
+		return nil
+	})
+	return total >> 20
 }
 
 // consoleTimes reads the agent's first step's and its "up" line's guest uptimes.

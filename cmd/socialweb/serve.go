@@ -51,7 +51,7 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&o.NetworkRange, "network-range", "1-190", "node network indexes leased to clusters (cluster i gets 10.250.i.0/24 and pods 10.i.0.0/16); 191-199 are left for tests")
 	f.BoolVar(&o.NodeNetwork, "node-network", true, "create each cluster's bridge, NAT and isolation rules (needs root); false keeps clusters loopback-only, without nodes")
 	f.StringVar(&o.NodeImage, "node-image", "", `node image directory (the "dir" that `+"`socialweb image build`"+` prints); empty keeps clusters at zero nodes`)
-	f.DurationVar(&o.NodeBootTimeout, "node-boot-timeout", 5*time.Minute, "how long a node VM may take to register its Node before it is reported on the Cluster and deleted")
+	f.DurationVar(&o.NodeBootTimeout, "node-boot-timeout", 5*time.Minute, "how long a node VM may take to register its Node before it is reported on the Cluster and deleted; a registered node not yet Ready counts as capacity for as long")
 	f.StringVar(&o.MetricsAddress, "metrics-address", "127.0.0.1:7080", `Prometheus /metrics listen address ("" disables)`)
 	f.Int32Var(&o.Defaults.MaxNodes, "default-max-nodes", 5, "max worker nodes of a cluster that does not say")
 	f.DurationVar(&o.Defaults.Hold, "default-hold", time.Minute, "idle time before a node is removed, for a cluster that does not say")

@@ -379,6 +379,7 @@ const (
 	StepKubeletConfig    = "kubelet-config"
 	StepContainerdReady  = "containerd-ready"
 	StepKubelet          = "kubelet"
+	StepRegister         = "register-node"
 	StepProxy            = "proxy"
 	StepDNS              = "dns"
 	StepHealth           = "health"
@@ -405,6 +406,7 @@ func DefaultSteps() Steps {
 		{StepKubeletConfig, stepKubeletConfig},
 		{StepContainerdReady, stepContainerdReady},
 		{StepKubelet, stepKubelet},
+		{StepRegister, stepRegister},
 		{StepProxy, stepProxy},
 		{StepDNS, stepDNS},
 		{StepHealth, stepHealth},

@@ -48,7 +48,8 @@ type Addresser interface {
 // usable; build it with New.
 type Host struct {
 	// BootTimeout is how long a machine may take to register its Node before it is
-	// reported and deleted; 0 is the scale driver's default. Set it before Start.
+	// reported and deleted, and how long a registered Node may stay not Ready and still
+	// count as capacity; 0 is the scale driver's defaults. Set it before Start.
 	BootTimeout time.Duration
 	// PodRoutes, if set, gives the host route table of a cluster; Start then keeps its
 	// pod routes in step with the cluster's Nodes (pod-to-pod traffic across nodes).
@@ -89,6 +90,9 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 	}
 	drv, err := scaledriver.New(scaledriver.Config{
 		Cluster: c.Name, NodeSize: c.NodeSize, MaxNodes: c.MaxNodes, Hold: c.Hold, BootTimeout: h.BootTimeout,
+		// A registered node still starting (kubelet, CNI) counts as coming capacity as long
+		// as a boot may take: not removed as idle while Pods wait for it.
+		NotReadyGrace: h.BootTimeout,
 	}, scaledriver.Deps{
 		Tenant: c.Tenant, Provider: clusterScoped{h.provider, c.Name}, Status: h.status, Metrics: h.metrics,
 		Logger: h.log.With("cluster", c.Name, "component", "scaledriver"),

@@ -413,7 +413,7 @@ func TestPodsOnTwoNodesReachEachOther(t *testing.T) {
 		return err == nil && len(nl.Items) == 0 && len(qemusOf(d.stateDir)) == 0
 	})
 
-	// Deleting the cluster leaves the host's interfaces, routes and nftables tables as
+	// Deleting the cluster leaves the host's interfaces, routes and nftables rules as
 	// they were before it was created: no bridge, tap, pod route or NAT rule behind.
 	d.mustCLI("cluster", "delete", "pair", "--wait")
 	after := hostNetwork(t)
@@ -425,15 +425,15 @@ func TestPodsOnTwoNodesReachEachOther(t *testing.T) {
 	}
 }
 
-// hostNetwork lists the host's interfaces, IPv4 routes and nftables tables, one sorted
-// line each.
+// hostNetwork lists the host's interfaces, IPv4 routes and nftables rules (every table,
+// iptables-nft's included), one sorted line each.
 func hostNetwork(t *testing.T) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
 	for what, cmd := range map[string][]string{
 		"interfaces": {"ip", "-o", "link", "show"},
 		"routes":     {"ip", "route", "show"},
-		"nft tables": {"nft", "list", "tables"},
+		"nft ruleset": {"nft", "-s", "list", "ruleset"}, // -s: without counters
 	} {
 		b, err := exec.Command(cmd[0], cmd[1:]...).Output()
 		if err != nil {

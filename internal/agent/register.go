@@ -1,0 +1,95 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"runtime"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/socialweb-computer/socialweb/internal/identity"
+)
+
+// RegisteredNode is the Node object the kubelet would create at registration: its
+// name, the labels it sets (defaults and --node-labels), the uninitialized taint of an
+// external cloud provider and the annotations it adds. The agent creates it as soon as
+// the kubelet has its client certificate.
+//
+// Why: the kubelet's CSINode initialization needs the Node to exist. It retries
+// 30 ms x 8^n apart, so a Node registered more than ~18 s after the kubelet got its
+// credentials (five TCG nodes booting at once on two cores) leaves the node NotReady
+// for another two minutes. The kubelet takes an existing Node as "previously
+// registered" and reconciles it (default labels, attach-detach annotation).
+func RegisteredNode(id identity.Identity) (*corev1.Node, error) {
+	ip, err := NodeIP(id)
+	if err != nil {
+		return nil, err
+	}
+	labels := map[string]string{
+		corev1.LabelHostname:      id.NodeName,
+		corev1.LabelOSStable:      runtime.GOOS,
+		corev1.LabelArchStable:    runtime.GOARCH,
+		"beta.kubernetes.io/os":   runtime.GOOS,
+		"beta.kubernetes.io/arch": runtime.GOARCH,
+	}
+	maps.Copy(labels, id.Labels)
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   id.NodeName,
+			Labels: labels,
+			Annotations: map[string]string{
+				"volumes.kubernetes.io/controller-managed-attach-detach": "true",
+				"alpha.kubernetes.io/provided-node-ip":                   ip.String(),
+			},
+		},
+		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{
+			Key: "node.cloudprovider.kubernetes.io/uninitialized", Value: "true", Effect: corev1.TaintEffectNoSchedule,
+		}}},
+	}, nil
+}
+
+// stepRegister creates the node's Node object once the kubelet's TLS bootstrap is done
+// (see RegisteredNode). It does not wait: if it fails, the kubelet registers the node
+// itself, only later.
+func stepRegister(ctx context.Context, a *Agent) error {
+	node, err := RegisteredNode(a.Identity)
+	if err != nil {
+		return err
+	}
+	go func() {
+		a.waitKubeletCredentials()
+		cfg, err := clientcmd.BuildConfigFromFlags("", a.Layout.Kubeconfig)
+		var client kubernetes.Interface
+		if err == nil {
+			client, err = kubernetes.NewForConfig(cfg)
+		}
+		for attempt := 0; err == nil && attempt < 10; attempt++ {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err = client.CoreV1().Nodes().Create(cctx, node, metav1.CreateOptions{})
+			cancel()
+			switch {
+			case err == nil:
+				a.Log.Info("node registered", "node", node.Name, "uptime", fmt.Sprintf("%.2fs", a.Uptime().Seconds()))
+				return
+			case apierrors.IsAlreadyExists(err):
+				return // the kubelet was first
+			case apierrors.IsForbidden(err) || apierrors.IsInvalid(err):
+				a.Log.Warn("registering the node; the kubelet will", "err", err)
+				return
+			}
+			a.Log.Info("registering the node: retrying", "err", err)
+			time.Sleep(time.Second)
+			err = nil
+		}
+		if err != nil {
+			a.Log.Warn("registering the node; the kubelet will", "err", err)
+		}
+	}()
+	return nil
+}
