@@ -431,8 +431,8 @@ func hostNetwork(t *testing.T) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
 	for what, cmd := range map[string][]string{
-		"interfaces": {"ip", "-o", "link", "show"},
-		"routes":     {"ip", "route", "show"},
+		"interfaces":  {"ip", "-o", "link", "show"},
+		"routes":      {"ip", "route", "show"},
 		"nft ruleset": {"nft", "-s", "list", "ruleset"}, // -s: without counters
 	} {
 		b, err := exec.Command(cmd[0], cmd[1:]...).Output()
