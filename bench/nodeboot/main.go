@@ -127,7 +127,7 @@ func main() {
 		accel = "kvm"
 	}
 	fmt.Printf("%d Pod(s) per run, node size 1 vCPU / %s, %s, image %s\n\n", *pods, *memory, accel, podImage)
-	fmt.Printf("| run | node | Pod->VMM start | kernel init (guest) | agent up (guest) | Pod->registered | Pod->Node Ready | Pod->Pod Running | image pull | qemu RSS |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Printf("| run | node | Pod->VMM start | kernel init (guest) | agent up (guest) | Pod->registered | Pod->Node Ready | Pod->Pod Running | image pull | qemu RSS | idle qemu CPU |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	var rows [][]float64
 	var summary []string
 	for i := range *runs {
@@ -137,7 +137,7 @@ func main() {
 		}
 		for j, n := range r.nodes {
 			rows = append(rows, n.times())
-			fmt.Printf("| %d | %d |%s %.2fs | %d MiB |\n", i+1, j+1, cells(n.times()), n.pull, n.rssMiB)
+			fmt.Printf("| %d | %d |%s %.2fs | %d MiB | %.0f%% of a core |\n", i+1, j+1, cells(n.times()), n.pull, n.rssMiB, 100*n.idleCPU)
 		}
 		summary = append(summary, fmt.Sprintf("| %d | %.2fs | %d MiB | %d MiB | %.1f MiB | %.1f MiB | %d MiB |", i+1, r.allRunning.Seconds(),
 			r.guestMiB, r.meanRSSMiB(), float64(r.bridgeTx)/(1<<20), float64(r.otherRx)/(1<<20), r.registryMiB))
@@ -151,7 +151,7 @@ func main() {
 		sort.Float64s(col)
 		med[c] = col[len(col)/2]
 	}
-	fmt.Printf("| median | all |%s | |\n", cells(med))
+	fmt.Printf("| median | all |%s | | |\n", cells(med))
 	fmt.Printf("\n| run | %d Pending -> %d Running | guest memory | qemu RSS (mean) | host -> guests over the bridge | host received elsewhere | host registry on disk |\n|---|---|---|---|---|---|---|\n", *pods, *pods)
 	for _, l := range summary {
 		fmt.Println(l)
@@ -175,6 +175,7 @@ type nodeTimes struct {
 	vmm, kernel, agentUp, registered, ready float64
 	running, pull                           float64
 	rssMiB                                  int
+	idleCPU                                 float64 // host cores its qemu used while idle
 }
 
 func (n nodeTimes) times() []float64 {
@@ -276,7 +277,15 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 	res.bridgeTx, res.otherRx = bridgeTx1-bridgeTx0, otherRx1-otherRx0
 	res.registryMiB = duMiB(filepath.Join(state, "registry"))
 	pulls := pullTimes(ctx, k)
+	// Host CPU of each qemu while its node only keeps a sleeping Pod: what an idle node costs.
+	cpu0 := map[string]float64{}
 	for _, nt := range nodes {
+		cpu0[nt.name] = qemuCPUSeconds(nt.name)
+	}
+	const idleWindow = 30 * time.Second
+	time.Sleep(idleWindow)
+	for _, nt := range nodes {
+		nt.idleCPU = (qemuCPUSeconds(nt.name) - cpu0[nt.name]) / idleWindow.Seconds()
 		nt.rssMiB, res.guestMiB = qemuRSS(nt.name)
 		nt.pull = pulls[nt.name]
 		res.nodes = append(res.nodes, *nt)
@@ -380,6 +389,31 @@ func qemuRSS(node string) (rssMiB, guestMiB int) {
 		}
 	}
 	return rssMiB, guestMiB
+}
+
+// qemuCPUSeconds is the user+system CPU time the qemu process running node has used.
+func qemuCPUSeconds(node string) float64 {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, c := range procs {
+		b, err := os.ReadFile(c)
+		if err != nil || !strings.Contains(string(b), "qemu-system") || !strings.Contains(string(b), "guest="+node) {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join(filepath.Dir(c), "stat"))
+		if err != nil {
+			return 0
+		}
+		// Fields after the parenthesised command: utime and stime are the 12th and 13th.
+		_, rest, _ := strings.Cut(string(stat), ") ")
+		f := strings.Fields(rest)
+		if len(f) < 13 {
+			return 0
+		}
+		ut, _ := strconv.ParseFloat(f[11], 64)
+		st, _ := strconv.ParseFloat(f[12], 64)
+		return (ut + st) / 100 // USER_HZ
+	}
+	return 0
 }
 
 func duMiB(dir string) int64 {

@@ -20,6 +20,7 @@ import (
 	"text/template"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	logsapi "k8s.io/component-base/logs/api/v1"
@@ -404,6 +405,10 @@ func KubeletConfiguration(id identity.Identity, l Layout, o KubeletOptions) (*ku
 		ReadOnlyPort:             0,
 		TLSCertFile:              l.KubeletServingCert,
 		TLSPrivateKeyFile:        l.KubeletServingKey,
+		// A pod sandbox is created within twice this. The default 2m is too short for a
+		// TCG node sharing a host core with others: creation was cancelled at 4 min and
+		// started over, so Pods never ran.
+		RuntimeRequestTimeout: metav1.Duration{Duration: 10 * time.Minute},
 	}
 	kc.APIVersion = kubeletv1beta1.SchemeGroupVersion.String()
 	kc.Kind = "KubeletConfiguration"

@@ -17,7 +17,7 @@ import (
 )
 
 // RegisteredNode is the Node object the kubelet would create at registration: its
-// name, the labels it sets (defaults and --node-labels), the uninitialized taint of an
+// name, providerID, the labels it sets (defaults and --node-labels), the uninitialized taint of an
 // external cloud provider and the annotations it adds. The agent creates it as soon as
 // the kubelet has its client certificate.
 //
@@ -48,7 +48,7 @@ func RegisteredNode(id identity.Identity) (*corev1.Node, error) {
 				"alpha.kubernetes.io/provided-node-ip":                   ip.String(),
 			},
 		},
-		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{
+		Spec: corev1.NodeSpec{ProviderID: id.ProviderID, Taints: []corev1.Taint{{
 			Key: "node.cloudprovider.kubernetes.io/uninitialized", Value: "true", Effect: corev1.TaintEffectNoSchedule,
 		}}},
 	}, nil

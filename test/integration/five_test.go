@@ -59,7 +59,7 @@ func TestFiveNodeProof(t *testing.T) {
 	d.mustCLI("cluster", "create", "five", "--wait", "--hold", "10s", "--max-nodes", "5",
 		"--node-cpus", "1", "--node-memory", "512Mi")
 	_, k := d.tenant("five")
-	ctx := ctxT(t, 25*time.Minute)
+	ctx := ctxT(t, 45*time.Minute)
 
 	// The control plane stays Ready from here to the end.
 	var (
@@ -149,7 +149,7 @@ func TestFiveNodeProof(t *testing.T) {
 			t.Logf("at the failure:\n%s", describeTenant(ctx, k))
 		}
 	}()
-	livetest.Eventually(t, 12*time.Minute, time.Second, "five Pods to run (or finish) on five nodes", func() bool {
+	livetest.Eventually(t, 25*time.Minute, time.Second, "five Pods to run (or finish) on five nodes", func() bool {
 		for _, p := range podsOf() {
 			if p.Spec.NodeName != "" && p.Status.Phase != corev1.PodPending {
 				nodeOf[p.Name] = p.Spec.NodeName

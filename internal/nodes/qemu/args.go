@@ -29,9 +29,6 @@ type launch struct {
 // virtio-mmio devices on transports in command-line order and the guest kernel names the
 // disks in that order, so the root disk is /dev/vda and the identity disk /dev/vdb. The
 // serial numbers let a guest find them by role as well (/sys/block/vd*/serial).
-// tcgTranslationCacheMiB bounds qemu's TCG translation cache per node.
-const tcgTranslationCacheMiB = 256
-
 func (l launch) args() []string {
 	a := []string{
 		"-name", "guest=" + l.Name,
@@ -42,9 +39,7 @@ func (l launch) args() []string {
 	} else {
 		// qemu64 lacks RDRAND, and without it the guest kernel's entropy pool takes about
 		// 20 s to initialise under TCG, which stalls every TLS handshake of the agent.
-		// The translation cache defaults to 1 GiB, which a node fills to ~700 MiB of host
-		// memory on top of its guest's (five 512 MiB nodes took 1.2 GiB RSS each).
-		a = append(a, "-accel", "tcg,tb-size="+strconv.Itoa(tcgTranslationCacheMiB), "-cpu", "qemu64,+rdrand")
+		a = append(a, "-accel", "tcg", "-cpu", "qemu64,+rdrand")
 	}
 	a = append(a,
 		"-smp", strconv.FormatInt(l.CPUs, 10),
