@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
@@ -125,7 +127,9 @@ func waitLeased(ctx context.Context, m *mgmtClients, name string) (*v1.Cluster, 
 	defer cancel()
 	for {
 		c, err := m.getCluster(ctx, name)
+		rv := ""
 		if err == nil {
+			rv = c.ResourceVersion
 			cond := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionLeased)
 			if cond != nil && cond.Status == metav1.ConditionTrue && c.Status.URL != "" {
 				return c, nil
@@ -136,10 +140,8 @@ func waitLeased(ctx context.Context, m *mgmtClients, name string) (*v1.Cluster, 
 				return nil, fmt.Errorf("cluster %s not created: %s", name, cond.Message)
 			}
 		}
-		select {
-		case <-ctx.Done():
+		if err := m.awaitChange(ctx, name, rv); err != nil {
 			return nil, fmt.Errorf("cluster %s was created but the daemon has not leased it a port after 60s: is `socialweb serve` running? (`socialweb cluster get %s` shows its conditions)", name, name)
-		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }
@@ -149,7 +151,9 @@ func waitPhase(ctx context.Context, m *mgmtClients, name string, want v1.Phase) 
 	last := ""
 	for {
 		c, err := m.getCluster(ctx, name)
+		rv := ""
 		if err == nil {
+			rv = c.ResourceVersion
 			ready := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionReady)
 			line := string(c.Status.Phase)
 			if ready != nil {
@@ -163,12 +167,38 @@ func waitPhase(ctx context.Context, m *mgmtClients, name string, want v1.Phase) 
 				return c, nil
 			}
 		}
-		select {
-		case <-ctx.Done():
+		if err := m.awaitChange(ctx, name, rv); err != nil {
 			return nil, fmt.Errorf("cluster %s not %s in time (last: %s); `socialweb cluster get %s` shows its conditions", name, want, last, name)
-		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// awaitChange returns once the Cluster changes after resourceVersion rv, or
+// after at most a second (also when rv is empty or the watch fails), so the
+// caller's next read sees a status update as soon as the daemon writes it
+// rather than up to a polling interval later. It returns ctx's error once
+// ctx ends.
+func (m *mgmtClients) awaitChange(ctx context.Context, name, rv string) error {
+	wctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if rv != "" {
+		w, err := m.dyn.Resource(v1.ClusterResource).Watch(wctx, metav1.ListOptions{
+			FieldSelector:   fields.OneTermEqualSelector("metadata.name", name).String(),
+			ResourceVersion: rv,
+		})
+		if err == nil {
+			defer w.Stop()
+			select {
+			case ev, ok := <-w.ResultChan():
+				if ok && ev.Type != watch.Error {
+					return nil
+				}
+			case <-wctx.Done():
+			}
+		}
+	}
+	<-wctx.Done()
+	return ctx.Err()
 }
 
 func waitGone(ctx context.Context, m *mgmtClients, name string, timeout time.Duration) bool {

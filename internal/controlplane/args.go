@@ -18,9 +18,7 @@ func apiserverArgs(c Config) []string {
 		"--bind-address=127.0.0.1",
 		"--secure-port=" + strconv.Itoa(c.Port),
 		"--advertise-address=" + c.AdvertiseAddress,
-		// kine listens on a socket in the working directory, which the
-		// process sets to c.Dir: a unix socket path has a length limit.
-		"--etcd-servers=unix://kine.sock",
+		"--etcd-servers=" + kineEndpoint,
 		"--storage-backend=etcd3",
 		"--tls-cert-file=" + p.ServingCert,
 		"--tls-private-key-file=" + p.ServingKey,

@@ -43,6 +43,10 @@ type Config struct {
 	// Tenant enables what worker nodes need: Node authorization, bootstrap
 	// tokens, NodeRestriction.
 	Tenant bool `json:"tenant"`
+	// SeedDir, if set, holds the datastore seeds shared by control planes of
+	// the same binary (see seed.go): a fresh datastore is seeded from there,
+	// or its first control plane captures the seed.
+	SeedDir string `json:"seedDir,omitempty"`
 }
 
 // Has reports whether the config runs a component.

@@ -45,6 +45,12 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 		return fmt.Errorf("starting kine for %s: %w", c.Name, err)
 	}
 	log.Info("datastore up", "elapsed", time.Since(start).Round(time.Millisecond))
+	var seed *seeder
+	if c.SeedDir != "" {
+		// While the apiserver starts, which takes longer than seeding.
+		seed = startSeeding(ctx, kineEndpoint, c.SeedDir, log)
+		defer seed.close()
+	}
 
 	done := make(chan error, 3)
 	go func() { done <- wrap(APIServer, runAPIServer(ctx, c, log)) }()
@@ -52,6 +58,8 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 		return err
 	}
 	log.Info("apiserver ready", "url", c.URL(), "elapsed", time.Since(start).Round(time.Millisecond))
+	// Before the controller-manager starts changing what the seed is made of.
+	seed.ready(ctx)
 	if c.Tenant {
 		if err := bootstrapTenant(ctx, c); err != nil {
 			return fmt.Errorf("bootstrapping %s for node joins: %w", c.Name, err)
@@ -86,11 +94,16 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 	return err
 }
 
+// kineEndpoint is where kine listens: a socket in the working directory,
+// which the process sets to c.Dir, since a unix socket path has a length
+// limit.
+const kineEndpoint = "unix://kine.sock"
+
 // kineConfig is kine's own command-line defaults, with a smaller idle
 // connection pool: a tenant is one apiserver, not a fleet.
 func kineConfig(c Config) endpoint.Config {
 	cfg := endpoint.Config{
-		Listener:            "unix://kine.sock",
+		Listener:            kineEndpoint,
 		Endpoint:            c.Datastore,
 		NotifyInterval:      5 * time.Second,
 		EmulatedETCDVersion: "3.6.11",
