@@ -19,6 +19,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/ccm"
 	"github.com/socialweb-computer/socialweb/internal/identity"
 	"github.com/socialweb-computer/socialweb/internal/join"
+	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
 	"github.com/socialweb-computer/socialweb/internal/podroutes"
 	"github.com/socialweb-computer/socialweb/internal/scale"
@@ -36,6 +37,10 @@ type Cluster struct {
 	// RegistryAddr is where the host registry serves this cluster's nodes
 	// (its gateway address); empty serves none.
 	RegistryAddr string
+	// DNSAddr is where the host's resolver is relayed to this cluster's nodes
+	// (gateway:53): their own lookups and every name their cluster DNS forwards.
+	// Empty serves none.
+	DNSAddr string
 }
 
 // Addresser is optionally implemented by a NodeProvider that knows each
@@ -51,6 +56,9 @@ type Host struct {
 	// reported and deleted, and how long a registered Node may stay not Ready and still
 	// count as capacity; 0 is the scale driver's defaults. Set it before Start.
 	BootTimeout time.Duration
+	// ResolvConf is the host resolver configuration the clusters' DNS forwarders
+	// relay to (default /etc/resolv.conf).
+	ResolvConf string
 	// PodRoutes, if set, gives the host route table of a cluster; Start then keeps its
 	// pod routes in step with the cluster's Nodes (pod-to-pod traffic across nodes).
 	PodRoutes func(Cluster) podroutes.Table
@@ -108,6 +116,10 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); h.serveRegistry(ctx, c.Name, c.RegistryAddr) }()
 	}
+	if c.DNSAddr != "" {
+		wg.Add(1)
+		go func() { defer wg.Done(); h.serveDNS(ctx, c.Name, c.DNSAddr) }()
+	}
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -153,6 +165,41 @@ func (h *Host) serveRegistry(ctx context.Context, cluster, addr string) {
 		h.log.Info("registry serving the cluster's nodes", "cluster", cluster, "address", addr)
 		_ = srv.Serve(l)
 		return
+	}
+}
+
+// serveDNS relays DNS from a cluster's gateway address to the host's resolvers
+// (/etc/resolv.conf, or ResolvConf); the bridge may appear after the cluster
+// starts, and a failed forwarder is started again, so both are retried.
+func (h *Host) serveDNS(ctx context.Context, cluster, addr string) {
+	resolvConf := h.ResolvConf
+	if resolvConf == "" {
+		resolvConf = "/etc/resolv.conf"
+	}
+	logged := false
+	for ctx.Err() == nil {
+		err := func() error {
+			ups, err := nodenet.ResolvConfUpstreams(resolvConf)
+			if err != nil {
+				return err
+			}
+			f, err := nodenet.ListenDNS(addr, ups)
+			if err != nil {
+				return err
+			}
+			f.Log = h.log.With("cluster", cluster, "component", "dns-forwarder")
+			h.log.Info("DNS forwarder serving the cluster's nodes", "cluster", cluster, "address", addr, "upstreams", ups)
+			logged = false
+			return f.Serve(ctx)
+		}()
+		if err != nil && ctx.Err() == nil && !logged {
+			h.log.Warn("DNS forwarder for the cluster's nodes: retrying", "cluster", cluster, "address", addr, "err", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package provider
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 
@@ -84,6 +85,7 @@ func (p *Provider) startNodeServices(ctx context.Context, c *v1.Cluster, l lease
 		MaxNodes:     int(c.Spec.MaxNodes),
 		Hold:         c.Spec.Hold.Duration,
 		RegistryAddr: fmt.Sprintf("%s:%d", gw, RegistryPort),
+		DNSAddr:      net.JoinHostPort(gw, "53"),
 	})
 }
 
