@@ -133,11 +133,7 @@ func (a *Agent) runChild(name, self string, args ...string) error {
 // after registration); kube-proxy started before that restarts itself when it appears.
 // It gives up after two minutes: kube-proxy copes, at the cost of one restart.
 func (a *Agent) waitNodeAddress() {
-	cfg, err := clientcmd.BuildConfigFromFlags("", a.Layout.Kubeconfig)
-	var client kubernetes.Interface
-	if err == nil {
-		client, err = kubernetes.NewForConfig(cfg)
-	}
+	client, err := a.kubeletClient()
 	if err != nil {
 		a.Log.Warn("kube-proxy: not waiting for the node's address", "err", err)
 		return
@@ -151,6 +147,16 @@ func (a *Agent) waitNodeAddress() {
 		}
 	}
 	a.Log.Warn("kube-proxy: the node has no InternalIP after 2m; starting it anyway")
+}
+
+// kubeletClient is a tenant client with the kubelet's credentials (after
+// waitKubeletCredentials).
+func (a *Agent) kubeletClient() (kubernetes.Interface, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", a.Layout.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubelet kubeconfig %s: %w", a.Layout.Kubeconfig, err)
+	}
+	return kubernetes.NewForConfig(cfg)
 }
 
 // waitKubeletCredentials returns once the kubelet's TLS bootstrap has written its
@@ -181,13 +187,10 @@ func stepDNS(ctx context.Context, a *Agent) error {
 		a.waitKubeletCredentials()
 		log := a.Log.With("component", "dns")
 		for {
-			cfg, err := clientcmd.BuildConfigFromFlags("", a.Layout.Kubeconfig)
+			client, err := a.kubeletClient()
 			if err == nil {
-				var client kubernetes.Interface
-				if client, err = kubernetes.NewForConfig(cfg); err == nil {
-					err = clusterdns.Run(context.Background(), client, clusterDomain,
-						net.JoinHostPort(id.ClusterDNS, "53"), net.JoinHostPort(id.DNS, "53"), log)
-				}
+				err = clusterdns.Run(context.Background(), client, clusterDomain,
+					net.JoinHostPort(id.ClusterDNS, "53"), net.JoinHostPort(id.DNS, "53"), log)
 			}
 			log.Error("cluster DNS ended; starting it again in 1s", "err", err)
 			time.Sleep(time.Second)
@@ -212,11 +215,7 @@ func stepHealth(ctx context.Context, a *Agent) error {
 		Name: "kubernetes.default.svc." + clusterDomain}
 	go func() {
 		a.waitKubeletCredentials()
-		cfg, err := clientcmd.BuildConfigFromFlags("", a.Layout.Kubeconfig)
-		var client kubernetes.Interface
-		if err == nil {
-			client, err = kubernetes.NewForConfig(cfg)
-		}
+		client, err := a.kubeletClient()
 		if err != nil {
 			a.Log.Error("node health: no client; node conditions are not reported", "err", err)
 			return

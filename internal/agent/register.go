@@ -10,8 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/socialweb-computer/socialweb/internal/identity"
 )
@@ -64,11 +62,7 @@ func stepRegister(ctx context.Context, a *Agent) error {
 	}
 	go func() {
 		a.waitKubeletCredentials()
-		cfg, err := clientcmd.BuildConfigFromFlags("", a.Layout.Kubeconfig)
-		var client kubernetes.Interface
-		if err == nil {
-			client, err = kubernetes.NewForConfig(cfg)
-		}
+		client, err := a.kubeletClient()
 		for attempt := 0; err == nil && attempt < 10; attempt++ {
 			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			_, err = client.CoreV1().Nodes().Create(cctx, node, metav1.CreateOptions{})
