@@ -56,7 +56,7 @@ func TestFiveNodeProof(t *testing.T) {
 	}
 	d := newDaemon(t, 1, "--node-image", img)
 	d.start()
-	d.mustCLI("cluster", "create", "five", "--wait", "--hold", "10s", "--max-nodes", "5",
+	d.mustCLI("cluster", "create", "five", "--wait", "--hold", "30s", "--max-nodes", "5",
 		"--node-cpus", "1", "--node-memory", "512Mi")
 	_, k := d.tenant("five")
 	ctx := ctxT(t, 45*time.Minute)
@@ -167,8 +167,24 @@ func TestFiveNodeProof(t *testing.T) {
 	}
 
 	// 4-5. Every Pod does its network steps and finishes.
+	// Each Pod's log is read as soon as it has finished: its node goes after the hold.
 	var finished *batchv1.Job
+	logs := map[string]string{}
+	readLogs := func() {
+		for _, p := range podsOf() {
+			if _, done := logs[p.Name]; done || (p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed) {
+				continue
+			}
+			b, err := k.CoreV1().Pods("default").GetLogs(p.Name, &corev1.PodLogOptions{}).Do(ctx).Raw()
+			if err != nil {
+				t.Logf("logs of %s: %v (trying again)", p.Name, err)
+				continue
+			}
+			logs[p.Name] = string(b)
+		}
+	}
 	for end := time.Now().Add(10 * time.Minute); time.Now().Before(end); time.Sleep(2 * time.Second) {
+		readLogs()
 		j, err := k.BatchV1().Jobs("default").Get(ctx, "five", metav1.GetOptions{})
 		if err == nil {
 			finished = j
@@ -177,13 +193,9 @@ func TestFiveNodeProof(t *testing.T) {
 			}
 		}
 	}
-	logs := map[string]string{}
-	for _, p := range podsOf() {
-		b, err := k.CoreV1().Pods("default").GetLogs(p.Name, &corev1.PodLogOptions{}).Do(ctx).Raw()
-		if err != nil {
-			t.Errorf("logs of %s: %v", p.Name, err)
-		}
-		logs[p.Name] = string(b)
+	readLogs()
+	if len(logs) != 5 {
+		t.Errorf("read the logs of %d finished Pods, want 5", len(logs))
 	}
 	names := make([]string, 0, len(logs))
 	for n := range logs {
