@@ -23,20 +23,23 @@ import (
 )
 
 // fiveJobScript is what each of the five Job Pods runs (busybox): serve its own page,
-// then reach the next Pod by name (it runs on another node), resolve and reach a
-// Service, resolve an external name through the host's resolver, and wait until the
-// previous Pod has fetched its page. Each step prints one line the test checks.
+// then reach the next Pod by name (it runs on another node) and acknowledge that, resolve
+// and reach a Service, resolve an external name through the host's resolver, and wait
+// for the previous Pod's acknowledgement (not just a request: a starved client's wget
+// may be cut off after the server logged it, and then the server must not leave). Each
+// step prints one line the test checks.
 const fiveJobScript = `i=$JOB_COMPLETION_INDEX; next=$(( (i+1) % 5 )); prev=$(( (i+4) % 5 )); me=$(hostname)
-mkdir -p /www && echo "reached-$me" > /www/peer.html && echo "web-$me" > /www/index.html
+mkdir -p /www && echo "reached-$me" > /www/peer.html && echo "web-$me" > /www/index.html && echo ok > /www/ack.html
 httpd -f -vv -p 8080 -h /www 2>/tmp/access &
-until timeout 10 wget -q -O- "http://five-$next.peers:8080/peer.html" 2>/dev/null | grep -q "reached-five-$next"; do sleep 1; done
+until timeout 30 wget -q -O- "http://five-$next.peers:8080/peer.html" 2>/dev/null | grep -q "reached-five-$next"; do sleep 1; done
 echo "step peer: reached five-$next.peers"
-until timeout 10 nslookup web.default.svc.cluster.local 2>/dev/null | grep -q "^Name:"; do sleep 1; done
-until timeout 10 wget -q -O- http://web/ 2>/dev/null | grep -q "web-five-"; do sleep 1; done
+for a in 1 2 3 4 5; do timeout 30 wget -q -O /dev/null "http://five-$next.peers:8080/ack.html" && break; sleep 1; done
+until timeout 30 nslookup web.default.svc.cluster.local 2>/dev/null | grep -q "^Name:"; do sleep 1; done
+until timeout 30 wget -q -O- http://web/ 2>/dev/null | grep -q "web-five-"; do sleep 1; done
 echo "step service: resolved and reached web"
-until timeout 10 nslookup "$EXTERNAL_NAME" 2>/dev/null | grep -q "^Name:"; do sleep 1; done
+until timeout 30 nslookup "$EXTERNAL_NAME" 2>/dev/null | grep -q "^Name:"; do sleep 1; done
 echo "step external: resolved $EXTERNAL_NAME"
-until grep -q "url:/peer.html" /tmp/access; do sleep 1; done
+until grep -q "url:/ack.html" /tmp/access; do sleep 1; done
 echo "step served: five-$prev fetched my page"
 `
 
@@ -183,7 +186,7 @@ func TestFiveNodeProof(t *testing.T) {
 			logs[p.Name] = string(b)
 		}
 	}
-	for end := time.Now().Add(10 * time.Minute); time.Now().Before(end); time.Sleep(2 * time.Second) {
+	for end := time.Now().Add(15 * time.Minute); time.Now().Before(end); time.Sleep(2 * time.Second) {
 		readLogs()
 		j, err := k.BatchV1().Jobs("default").Get(ctx, "five", metav1.GetOptions{})
 		if err == nil {
