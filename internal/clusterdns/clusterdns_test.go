@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 
+	"github.com/socialweb-computer/socialweb/internal/dnswire"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 )
 
@@ -155,30 +156,9 @@ func TestServerAnswersAndForwards(t *testing.T) {
 
 // exchange sends query to addr over network (udp or tcp) and returns the A answers.
 func exchange(network, addr string, query []byte) ([]string, error) {
-	c, err := net.DialTimeout(network, addr, time.Second)
+	resp, err := dnswire.Exchange(context.Background(), network, addr, query, time.Second)
 	if err != nil {
 		return nil, err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
-	var resp []byte
-	if network == "tcp" {
-		if err := writeTCPMessage(c, query); err != nil {
-			return nil, err
-		}
-		if resp, err = readTCPMessage(c); err != nil {
-			return nil, err
-		}
-	} else {
-		if _, err := c.Write(query); err != nil {
-			return nil, err
-		}
-		buf := make([]byte, 4096)
-		n, err := c.Read(buf)
-		if err != nil {
-			return nil, err
-		}
-		resp = buf[:n]
 	}
 	var m dnsmessage.Message
 	if err := m.Unpack(resp); err != nil {

@@ -2,10 +2,8 @@ package clusterdns
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"sync/atomic"
@@ -16,6 +14,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/socialweb-computer/socialweb/internal/dnswire"
 )
 
 // ttl of the answers: short, because Services and endpoints change.
@@ -97,35 +97,17 @@ func (s *Server) ServeTCP(ctx context.Context, l net.Listener) error {
 			defer c.Close()
 			for {
 				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				q, err := readTCPMessage(c)
+				q, err := dnswire.ReadTCP(c)
 				if err != nil {
 					return
 				}
 				resp := s.answerSafely(ctx, "tcp", q)
-				if resp == nil || writeTCPMessage(c, resp) != nil {
+				if resp == nil || dnswire.WriteTCP(c, resp) != nil {
 					return
 				}
 			}
 		}()
 	}
-}
-
-func readTCPMessage(r io.Reader) ([]byte, error) {
-	var n [2]byte
-	if _, err := io.ReadFull(r, n[:]); err != nil {
-		return nil, err
-	}
-	msg := make([]byte, binary.BigEndian.Uint16(n[:]))
-	_, err := io.ReadFull(r, msg)
-	return msg, err
-}
-
-func writeTCPMessage(w io.Writer, msg []byte) error {
-	if len(msg) > 0xffff {
-		return errors.New("DNS message too long")
-	}
-	_, err := w.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(msg))), msg...))
-	return err
 }
 
 // answerSafely is Answer, except that a panic drops the query instead of the node's agent
@@ -198,36 +180,11 @@ func (s *Server) forward(ctx context.Context, network string, query []byte) []by
 	if s.Upstream == "" {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, network, s.Upstream)
+	resp, err := dnswire.Exchange(ctx, network, s.Upstream, query, 5*time.Second)
 	if err != nil {
 		return nil
 	}
-	defer c.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.SetDeadline(dl)
-	}
-	if network == "tcp" {
-		if writeTCPMessage(c, query) != nil {
-			return nil
-		}
-		resp, err := readTCPMessage(c)
-		if err != nil {
-			return nil
-		}
-		return resp
-	}
-	if _, err := c.Write(query); err != nil {
-		return nil
-	}
-	buf := make([]byte, 4096)
-	n, err := c.Read(buf)
-	if err != nil {
-		return nil
-	}
-	return buf[:n]
+	return resp
 }
 
 // Run serves cluster DNS for domain on addr (UDP and TCP) from the tenant's Services and

@@ -19,6 +19,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/socialweb-computer/socialweb/internal/dnswire"
 )
 
 // Condition types a node sets on itself. True means the problem is present.
@@ -144,25 +146,16 @@ func LookupA(ctx context.Context, server, name string) ([]net.IP, error) {
 	if err != nil {
 		return nil, err
 	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "udp", server)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
+	timeout := 3 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
-		_ = c.SetDeadline(dl)
+		timeout = time.Until(dl)
 	}
-	if _, err := c.Write(query); err != nil {
-		return nil, err
-	}
-	buf := make([]byte, 4096)
-	n, err := c.Read(buf)
+	resp, err := dnswire.Exchange(ctx, "udp", server, query, timeout)
 	if err != nil {
 		return nil, err
 	}
 	var p dnsmessage.Parser
-	h, err := p.Start(buf[:n])
+	h, err := p.Start(resp)
 	if err != nil {
 		return nil, err
 	}

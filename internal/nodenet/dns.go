@@ -3,7 +3,6 @@ package nodenet
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/socialweb-computer/socialweb/internal/dnswire"
 )
 
 // DNSForwarder relays DNS messages, unparsed, from guests to the host's
@@ -27,9 +28,6 @@ type DNSForwarder struct {
 	Log     *slog.Logger
 	sem     chan struct{}
 }
-
-// dnsHeaderLen is the fixed DNS header; anything shorter is not a query.
-const dnsHeaderLen = 12
 
 // ListenDNS binds UDP and TCP on addr (host:port; port 0 picks one, the
 // same for both) for upstreams (host:port each).
@@ -115,7 +113,7 @@ func (f *DNSForwarder) serveUDP(ctx context.Context, wg *sync.WaitGroup) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		if n < dnsHeaderLen || buf[2]&0x80 != 0 { // too short, or a response
+		if n < dnswire.HeaderLen || buf[2]&0x80 != 0 { // too short, or a response
 			continue
 		}
 		select {
@@ -155,34 +153,20 @@ func (f *DNSForwarder) serveTCP(ctx context.Context, wg *sync.WaitGroup) {
 			r := bufio.NewReader(c)
 			for {
 				c.SetDeadline(time.Now().Add(10 * time.Second))
-				q, err := readTCPMsg(r)
-				if err != nil || len(q) < dnsHeaderLen {
+				q, err := dnswire.ReadTCP(r)
+				if err != nil || len(q) < dnswire.HeaderLen {
 					return
 				}
 				resp := f.exchange(ctx, "tcp", q)
 				if resp == nil {
 					return
 				}
-				if _, err := c.Write(tcpMsg(resp)); err != nil {
+				if err := dnswire.WriteTCP(c, resp); err != nil {
 					return
 				}
 			}
 		}()
 	}
-}
-
-func readTCPMsg(r io.Reader) ([]byte, error) {
-	var l [2]byte
-	if _, err := io.ReadFull(r, l[:]); err != nil {
-		return nil, err
-	}
-	msg := make([]byte, binary.BigEndian.Uint16(l[:]))
-	_, err := io.ReadFull(r, msg)
-	return msg, err
-}
-
-func tcpMsg(m []byte) []byte {
-	return append(binary.BigEndian.AppendUint16(nil, uint16(len(m))), m...)
 }
 
 // exchange asks the upstreams in order and returns the first answer whose ID
@@ -192,7 +176,7 @@ func (f *DNSForwarder) exchange(ctx context.Context, network string, q []byte) [
 		if ctx.Err() != nil {
 			return nil
 		}
-		resp, err := exchangeOne(ctx, network, up, q, f.Timeout)
+		resp, err := dnswire.Exchange(ctx, network, up, q, f.Timeout)
 		if err == nil {
 			return resp
 		}
@@ -200,42 +184,6 @@ func (f *DNSForwarder) exchange(ctx context.Context, network string, q []byte) [
 	}
 	f.Log.Warn("dns: no upstream answered", "upstreams", f.upstreams, "net", network)
 	return nil
-}
-
-func exchangeOne(ctx context.Context, network, up string, q []byte, timeout time.Duration) ([]byte, error) {
-	d := net.Dialer{Timeout: timeout}
-	c, err := d.DialContext(ctx, network, up)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(timeout))
-	if network == "tcp" {
-		if _, err := c.Write(tcpMsg(q)); err != nil {
-			return nil, err
-		}
-		resp, err := readTCPMsg(c)
-		if err != nil {
-			return nil, err
-		}
-		if len(resp) < dnsHeaderLen || resp[0] != q[0] || resp[1] != q[1] {
-			return nil, errors.New("malformed or mismatched response")
-		}
-		return resp, nil
-	}
-	if _, err := c.Write(q); err != nil {
-		return nil, err
-	}
-	buf := make([]byte, 65535)
-	for {
-		n, err := c.Read(buf) // a connected socket: only the upstream's datagrams arrive
-		if err != nil {
-			return nil, err
-		}
-		if n >= dnsHeaderLen && buf[0] == q[0] && buf[1] == q[1] && buf[2]&0x80 != 0 {
-			return buf[:n:n], nil
-		}
-	}
 }
 
 // ResolvConfUpstreams reads the nameserver lines of a resolv.conf (usually

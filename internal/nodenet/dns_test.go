@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/socialweb-computer/socialweb/internal/dnswire"
 )
 
 // The fake upstream knows one record.
@@ -126,12 +128,12 @@ func startFakeUpstream(t *testing.T) *fakeUpstream {
 				defer c.Close()
 				r := bufio.NewReader(c)
 				for {
-					q, err := readTCPMsg(r)
+					q, err := dnswire.ReadTCP(r)
 					if err != nil {
 						return
 					}
 					f.queries.Add(1)
-					c.Write(tcpMsg(answerFor(q)))
+					dnswire.WriteTCP(c, answerFor(q))
 				}
 			}()
 		}
@@ -150,10 +152,10 @@ func lookup(network, server, name string, id uint16) (string, error) {
 	q := buildQuery(id, name)
 	var resp []byte
 	if network == "tcp" {
-		if _, err = c.Write(tcpMsg(q)); err != nil {
+		if err = dnswire.WriteTCP(c, q); err != nil {
 			return "", err
 		}
-		resp, err = readTCPMsg(c)
+		resp, err = dnswire.ReadTCP(c)
 	} else {
 		if _, err = c.Write(q); err != nil {
 			return "", err
