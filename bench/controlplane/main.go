@@ -294,7 +294,7 @@ func startBaseline(ctx context.Context, binDir, dir string, port int) (*baseline
 		return nil, err
 	}
 	deadline := time.Now().Add(3 * time.Minute)
-	for controlplane.Probe(ctx, client, cfg.URL()) != nil {
+	for controlplane.Probe(ctx, client, cfg) != nil {
 		if _, err := supervisor.Observe(a.Process.Pid); err != nil {
 			return nil, fmt.Errorf("kube-apiserver over etcd exited; see %s", dir)
 		}

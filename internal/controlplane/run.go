@@ -45,10 +45,13 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 		return fmt.Errorf("starting kine for %s: %w", c.Name, err)
 	}
 	log.Info("datastore up", "elapsed", time.Since(start).Round(time.Millisecond))
+	if err := unmarkSeeded(c.Dir); err != nil {
+		return fmt.Errorf("clearing the seed mark of %s: %w", c.Name, err)
+	}
 	var seed *seeder
 	if c.SeedDir != "" {
 		// While the apiserver starts, which takes longer than seeding.
-		seed = startSeeding(ctx, kineEndpoint, c.SeedDir, log)
+		seed = startSeeding(ctx, kineEndpoint, c.SeedDir, c.Dir, log)
 		defer seed.close()
 	}
 
@@ -221,7 +224,7 @@ func waitReady(ctx context.Context, c Config, done <-chan error) error {
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
-		if Probe(ctx, client, c.URL()) == nil {
+		if Probe(ctx, client, c) == nil {
 			return nil
 		}
 	}
@@ -248,9 +251,10 @@ func AdminHTTPClient(c Config) (*http.Client, error) {
 	}, nil
 }
 
-// Probe returns nil when url/readyz answers 200.
-func Probe(ctx context.Context, client *http.Client, url string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/readyz", nil)
+// Probe returns nil when the control plane's readiness path (ReadyzPath)
+// answers 200.
+func Probe(ctx context.Context, client *http.Client, c Config) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.URL()+ReadyzPath(c.Dir), nil)
 	if err != nil {
 		return err
 	}

@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -287,7 +289,10 @@ type seeder struct {
 // exists, starts writing the seed in the background. It returns nil when the
 // datastore was seeded or bootstrapped before, or cannot be read (logged);
 // the control plane then starts as it would have.
-func startSeeding(ctx context.Context, endpoint, dir string, log *slog.Logger) *seeder {
+//
+// Once the seed is written, a mark in cpDir tells readiness probes that the
+// two hooks have nothing left to create (see ReadyzPath).
+func startSeeding(ctx context.Context, endpoint, dir, cpDir string, log *slog.Logger) *seeder {
 	path, err := seedPath(dir)
 	if err != nil {
 		log.Warn("not seeding the datastore", "err", err)
@@ -325,6 +330,9 @@ func startSeeding(ctx context.Context, endpoint, dir string, log *slog.Logger) *
 			log.Warn("seeding the datastore", "err", err, "created", made)
 			return
 		}
+		if err := markSeeded(cpDir); err != nil {
+			log.Warn("marking the datastore seeded; readiness waits for the bootstrap hooks", "err", err)
+		}
 		log.Info("datastore seeded with the bootstrap policy", "objects", made, "elapsed", time.Since(start).Round(time.Millisecond))
 	}()
 	return s
@@ -360,4 +368,40 @@ func (s *seeder) close() {
 	s.cancel()
 	<-s.done
 	s.cli.Close()
+}
+
+// seededMark, in a control plane's directory, says that this run of the
+// control plane wrote a whole seed into its datastore. Run removes it first
+// thing, so it never outlives the run that earned it.
+const seededMark = "seeded"
+
+// seedHookChecks are the /readyz checks of the post-start hooks whose whole
+// work a seed has done: each still waits 1 s before its first look.
+func seedHookChecks() []string {
+	return []string{
+		"poststarthook/rbac/bootstrap-roles",
+		"poststarthook/scheduling/bootstrap-system-priority-classes",
+	}
+}
+
+func markSeeded(cpDir string) error {
+	return os.WriteFile(filepath.Join(cpDir, seededMark), nil, 0o600)
+}
+
+func unmarkSeeded(cpDir string) error {
+	if err := os.Remove(filepath.Join(cpDir, seededMark)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// ReadyzPath is the readiness path to probe for the control plane in cpDir:
+// /readyz, less the checks of the bootstrap hooks once this run has seeded
+// its datastore with everything they would create.
+func ReadyzPath(cpDir string) string {
+	if _, err := os.Stat(filepath.Join(cpDir, seededMark)); err != nil {
+		return "/readyz"
+	}
+	q := url.Values{"exclude": seedHookChecks()}
+	return "/readyz?" + q.Encode()
 }

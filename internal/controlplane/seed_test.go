@@ -222,8 +222,51 @@ func TestStartSeedingLeavesAUsedDatastoreAlone(t *testing.T) {
 	ctx := context.Background()
 	ep, cli := startKine(t)
 	create(t, cli, "/registry/clusterroles/view", encode(t, clusterRole("view", bootstrapLabel())))
-	if s := startSeeding(ctx, ep, t.TempDir(), slog.New(slog.DiscardHandler)); s != nil {
+	if s := startSeeding(ctx, ep, t.TempDir(), t.TempDir(), slog.New(slog.DiscardHandler)); s != nil {
 		s.close()
 		t.Error("a datastore holding the bootstrap policy was going to be seeded")
+	}
+}
+
+func TestSeedingMarksReadiness(t *testing.T) {
+	ctx := context.Background()
+	_, src := startKine(t)
+	create(t, src, "/registry/clusterroles/view", encode(t, clusterRole("view", bootstrapLabel())))
+	entries, err := captureSeed(ctx, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seedDir, cpDir := t.TempDir(), t.TempDir()
+	path, err := seedPath(seedDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeSeed(path, entries); err != nil {
+		t.Fatal(err)
+	}
+	if got := ReadyzPath(cpDir); got != "/readyz" {
+		t.Fatalf("before seeding: ReadyzPath = %q, want /readyz", got)
+	}
+
+	ep, _ := startKine(t)
+	s := startSeeding(ctx, ep, seedDir, cpDir, slog.New(slog.DiscardHandler))
+	if s == nil {
+		t.Fatal("an empty datastore with a seed at hand was not seeded")
+	}
+	<-s.done
+	s.close()
+	want := "/readyz?exclude=poststarthook%2Frbac%2Fbootstrap-roles&exclude=poststarthook%2Fscheduling%2Fbootstrap-system-priority-classes"
+	if got := ReadyzPath(cpDir); got != want {
+		t.Errorf("after seeding: ReadyzPath = %q, want %q", got, want)
+	}
+	// The next run of the control plane starts unmarked.
+	if err := unmarkSeeded(cpDir); err != nil {
+		t.Fatal(err)
+	}
+	if got := ReadyzPath(cpDir); got != "/readyz" {
+		t.Errorf("after unmarking: ReadyzPath = %q, want /readyz", got)
+	}
+	if err := unmarkSeeded(cpDir); err != nil {
+		t.Errorf("unmarking an unmarked dir: %v", err)
 	}
 }

@@ -88,12 +88,12 @@ func (p *Provider) probeOne(ctx context.Context, name string) {
 		if err != nil {
 			return
 		}
-		pr = &probe{client: client, url: cfg.URL()}
+		pr = &probe{client: client, cfg: cfg}
 		p.probeMu.Lock()
 		p.probes[name] = pr
 		p.probeMu.Unlock()
 	}
-	err := controlplane.Probe(ctx, pr.client, pr.url)
+	err := controlplane.Probe(ctx, pr.client, pr.cfg)
 	p.probeMu.Lock()
 	pr.last = time.Now()
 	prev := pr.state

@@ -94,7 +94,7 @@ type probe struct {
 	last   time.Time // when it was last probed
 	state  ProbeState
 	client *http.Client
-	url    string
+	cfg    controlplane.Config
 }
 
 // New wires a provider. The supervisor must have been created with
