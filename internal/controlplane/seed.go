@@ -43,6 +43,10 @@ import (
 // Ready; later fresh tenants of the same binary are seeded from it, each copy
 // with its own UIDs and timestamps.
 
+// SeedDirIn is where the control planes of a daemon's state dir keep their
+// seeds: the management API and the tenants share them.
+func SeedDirIn(stateDir string) string { return filepath.Join(stateDir, "seeds") }
+
 // seedPrefixes are the storage keys a seed holds: what the two hooks write.
 func seedPrefixes() []string {
 	return []string{

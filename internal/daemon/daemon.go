@@ -227,6 +227,9 @@ func startManagement(ctx context.Context, v validated, sup *supervisor.Superviso
 		Name: "mgmt", Dir: dir, Components: []string{controlplane.APIServer},
 		Datastore: endpoint, Port: v.APIPort, AdvertiseAddress: "127.0.0.1",
 		ServiceCIDR: "10.252.0.0/24",
+		// A fresh management API captures the datastore seed, so even the
+		// first tenant of a new state dir starts seeded.
+		SeedDir: controlplane.SeedDirIn(v.StateDir),
 	}
 	if !portFree(v.APIPort) {
 		return "", fmt.Errorf("--api-port %d is in use on 127.0.0.1: stop what listens there (another socialweb serve?) or pick another port", v.APIPort)

@@ -404,7 +404,7 @@ func (p *Provider) controlPlaneConfig(c *v1.Cluster, l lease.Lease, endpoint str
 		ClusterCIDR:      net.PodCIDR.String(),
 		NodeCIDRMaskSize: 24,
 		Tenant:           true,
-		SeedDir:          filepath.Join(p.cfg.StateDir, "seeds"),
+		SeedDir:          controlplane.SeedDirIn(p.cfg.StateDir),
 	}, nil
 }
 

@@ -10,12 +10,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -131,7 +135,13 @@ func hasConfigMap(t *testing.T, k kubernetes.Interface, name string) bool {
 func TestTwoClustersIsolatedAndSurviveRestarts(t *testing.T) {
 	d := newDaemon(t, 4)
 	d.start()
+	// The fresh management API captures the seed just after it is ready.
+	livetest.Eventually(t, 30*time.Second, 100*time.Millisecond, "the management API's datastore seed", func() bool {
+		m, _ := filepath.Glob(filepath.Join(d.stateDir, "seeds", "seed-*.json"))
+		return len(m) == 1
+	})
 	d.mustCLI("cluster", "create", "alpha", "--wait")
+	assertBootstrapLikeManagement(t, d, "alpha")
 	d.mustCLI("cluster", "create", "beta", "--wait", "--max-nodes", "3", "--hold", "30s")
 	urls := map[string]string{"alpha": d.cluster("alpha").Status.URL, "beta": d.cluster("beta").Status.URL}
 	if urls["alpha"] == urls["beta"] || urls["alpha"] == "" {
@@ -280,4 +290,68 @@ func TestDeleteReleasesPortAndFiles(t *testing.T) {
 	if got := d.cluster("second").Status.URL; got != url {
 		t.Errorf("the released port was not reused: %s, want %s", got, url)
 	}
+}
+
+// assertBootstrapLikeManagement checks a tenant that was seeded (its readiness
+// skips the bootstrap hooks' checks) against the management API, whose own
+// hooks made its bootstrap policy: at Ready, the tenant holds the same RBAC
+// bootstrap objects and system PriorityClasses.
+func assertBootstrapLikeManagement(t *testing.T, d *daemon, tenant string) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(d.stateDir, "clusters", tenant, "seeded")); err != nil {
+		t.Errorf("%s was not seeded from the management API's seed: %v", tenant, err)
+	}
+	mcfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(d.stateDir, "admin.kubeconfig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, tk := d.tenant(tenant)
+	names := func(k kubernetes.Interface) []string {
+		ctx, bootstrap := ctxT(t, 30*time.Second), metav1.ListOptions{LabelSelector: "kubernetes.io/bootstrapping=rbac-defaults"}
+		var out []string
+		add := func(kind string, err error, items ...string) {
+			if err != nil {
+				t.Fatalf("listing %s: %v", kind, err)
+			}
+			for _, n := range items {
+				out = append(out, kind+"/"+n)
+			}
+		}
+		crs, err := k.RbacV1().ClusterRoles().List(ctx, bootstrap)
+		add("clusterroles", err, objectNames(crs.Items, func(o rbacv1.ClusterRole) string { return o.Name + " " + fmt.Sprint(len(o.Rules)) })...)
+		crbs, err := k.RbacV1().ClusterRoleBindings().List(ctx, bootstrap)
+		add("clusterrolebindings", err, objectNames(crbs.Items, func(o rbacv1.ClusterRoleBinding) string { return o.Name })...)
+		rs, err := k.RbacV1().Roles("").List(ctx, bootstrap)
+		add("roles", err, objectNames(rs.Items, func(o rbacv1.Role) string { return o.Namespace + "/" + o.Name })...)
+		rbs, err := k.RbacV1().RoleBindings("").List(ctx, bootstrap)
+		add("rolebindings", err, objectNames(rbs.Items, func(o rbacv1.RoleBinding) string { return o.Namespace + "/" + o.Name })...)
+		pcs, err := k.SchedulingV1().PriorityClasses().List(ctx, metav1.ListOptions{})
+		add("priorityclasses", err, objectNames(pcs.Items, func(o schedulingv1.PriorityClass) string { return o.Name })...)
+		sort.Strings(out)
+		return out
+	}
+	want, got := names(kubernetes.NewForConfigOrDie(mcfg)), names(tk)
+	if len(want) < 100 || !slices.Equal(got, want) {
+		t.Errorf("bootstrap objects of %s at Ready (%d) differ from the management API's (%d):\nonly %s: %v\nonly management: %v",
+			tenant, len(got), len(want), tenant, difference(got, want), difference(want, got))
+	}
+}
+
+func objectNames[T any](items []T, name func(T) string) []string {
+	out := make([]string, 0, len(items))
+	for _, o := range items {
+		out = append(out, name(o))
+	}
+	return out
+}
+
+// difference is what a holds and b does not.
+func difference(a, b []string) []string {
+	var out []string
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			out = append(out, x)
+		}
+	}
+	return out
 }

@@ -147,9 +147,11 @@ func TestFiveNodeProof(t *testing.T) {
 	}
 	// 2-3. Five Pods, each running on its own freshly booted node.
 	nodeOf := map[string]string{}
+	var atFailure string
+	d.lastWords = func() string { return atFailure }
 	defer func() {
 		if t.Failed() {
-			t.Logf("at the failure:\n%s", describeTenant(ctx, k))
+			atFailure = describeTenant(ctx, k, 15)
 		}
 	}()
 	livetest.Eventually(t, 25*time.Minute, time.Second, "five Pods to run (or finish) on five nodes", func() bool {
@@ -226,9 +228,9 @@ func TestFiveNodeProof(t *testing.T) {
 	t.Logf("back at zero nodes %.1fs after the Job was created", time.Since(t0).Seconds())
 }
 
-// describeTenant lists a tenant's Nodes (with their conditions), Pods and recent Events,
-// for a failing test's log.
-func describeTenant(ctx context.Context, k kubernetes.Interface) string {
+// describeTenant lists a tenant's Nodes (with their conditions), Pods and its last
+// events, for a failing test's log.
+func describeTenant(ctx context.Context, k kubernetes.Interface, events int) string {
 	var b strings.Builder
 	if nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
 		for _, n := range nl.Items {
@@ -251,8 +253,15 @@ func describeTenant(ctx context.Context, k kubernetes.Interface) string {
 		}
 	}
 	if el, err := k.CoreV1().Events(metav1.NamespaceAll).List(ctx, metav1.ListOptions{}); err == nil {
-		for _, e := range el.Items[max(0, len(el.Items)-40):] {
-			fmt.Fprintf(&b, "event %s %s %s: %s\n", e.Type, e.Reason, e.InvolvedObject.Name, e.Message)
+		at := func(e corev1.Event) time.Time {
+			if !e.LastTimestamp.IsZero() {
+				return e.LastTimestamp.Time
+			}
+			return e.EventTime.Time
+		}
+		sort.SliceStable(el.Items, func(i, j int) bool { return at(el.Items[i]).Before(at(el.Items[j])) })
+		for _, e := range el.Items[max(0, len(el.Items)-events):] {
+			fmt.Fprintf(&b, "event %s %s %s %s: %s\n", at(e).Format(time.TimeOnly), e.Type, e.Reason, e.InvolvedObject.Name, e.Message)
 		}
 	}
 	return b.String()

@@ -57,6 +57,9 @@ type daemon struct {
 	cmd       *exec.Cmd
 	exited    chan struct{}
 	logPath   string
+	// lastWords, if a test sets it, is logged after the daemon's log when
+	// the test fails: the end of the output is what a CI summary keeps.
+	lastWords func() string
 }
 
 // portBlock finds n consecutive loopback ports that are free now.
@@ -107,6 +110,9 @@ func newDaemon(t *testing.T, ports int, extra ...string) *daemon {
 		if t.Failed() {
 			b, _ := os.ReadFile(d.logPath)
 			t.Logf("daemon log (tail):\n%s", tail(string(b), 40))
+		}
+		if t.Failed() && d.lastWords != nil {
+			t.Logf("at the failure:\n%s", d.lastWords())
 		}
 		assertNoProcessesLeft(t, d.stateDir)
 	})
