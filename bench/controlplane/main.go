@@ -9,6 +9,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -139,6 +140,19 @@ func measureSocialweb(bin string, n int, idle time.Duration) result {
 	for cli("cluster", "list") != nil {
 		if time.Now().After(deadline) {
 			log.Fatal("socialweb daemon did not start")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// The daemon is up when it logs "serving": its API is installed and its
+	// fresh management API has captured the datastore seed tenants start from.
+	serving := func() bool {
+		b, _ := os.ReadFile(logf.Name())
+		seeds, _ := filepath.Glob(filepath.Join(state, "seeds", "seed-*.json"))
+		return bytes.Contains(b, []byte(`"msg":"serving"`)) && len(seeds) > 0
+	}
+	for !serving() {
+		if time.Now().After(deadline) {
+			log.Fatalf("socialweb's daemon did not log \"serving\" with a datastore seed; see %s", logf.Name())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

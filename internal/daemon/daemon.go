@@ -302,6 +302,16 @@ func installAPI(ctx context.Context, restCfg *rest.Config, kube kubernetes.Inter
 		if err == nil {
 			for _, c := range cur.Status.Conditions {
 				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+					// The apiextensions server holds every create of a CRD
+					// established less than 2 s ago for 2 s (for HA peers that
+					// have not seen it yet): wait that out here, once, rather
+					// than in the first `cluster create`.
+					justEstablished := 2*time.Second + 100*time.Millisecond - time.Since(c.LastTransitionTime.Time)
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-time.After(justEstablished):
+					}
 					return nil
 				}
 			}
