@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Scale-up from zero: one Pod on one new node against five Pods on five new nodes booted
-# in parallel (each node's timeline, Pending -> Running, qemu RSS per microVM), then five
+# Scale-up from zero: one Pod on one new node against two, then five, Pods on as many new
+# nodes booted in parallel (each node's timeline, Pending -> Running, qemu RSS per microVM), then five
 # nodes pulling a large locally built image from the host registry. For docs/benchmarks.md.
 #   bench/scaleup.sh [-large 1024] [-memory 512Mi]
 set -euo pipefail
@@ -18,6 +18,10 @@ image() { bin/socialweb image build --ensure "$@" 2>/dev/null | tail -1 | sed -n
 img="$(image)"
 echo "## one node"
 go run ./bench/nodeboot -bin bin/socialweb -image "$img" -runs 1 -pods 1 -memory "$memory"
+echo
+# Two guests on a 2-core host: the most this machine has the cores for.
+echo "## two nodes at once"
+go run ./bench/nodeboot -bin bin/socialweb -image "$img" -runs 1 -pods 2 -memory "$memory"
 echo
 echo "## five nodes at once"
 go run ./bench/nodeboot -bin bin/socialweb -image "$img" -runs 1 -pods 5 -memory "$memory"
