@@ -89,7 +89,9 @@ func TestReap(t *testing.T) {
 			exited := make(chan struct{})
 			go func() { _ = cmd.Wait(); close(exited) }()
 			defer func() { _ = cmd.Process.Kill(); <-exited }()
-			id, err := Observe(cmd.Process.Pid)
+			// As the supervisor records its children: Observe alone may read the
+			// empty cmdline of a child that has not copied its arguments yet.
+			id, err := ObserveStarted(cmd.Process.Pid)
 			if err != nil {
 				t.Fatal(err)
 			}
