@@ -37,8 +37,14 @@ func bootstrapTenant(ctx context.Context, c Config) error {
 	if err != nil {
 		return err
 	}
+	// A few dozen requests in a burst, not client-go's 5 per second.
+	restCfg.QPS, restCfg.Burst = 100, 100
 	kube, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
+		return err
+	}
+	// cluster-info goes into kube-public, which upstream makes a moment after Ready.
+	if err := upstreamObjects(ctx, kube, c); err != nil {
 		return err
 	}
 	for _, b := range nodeJoinBindings() {

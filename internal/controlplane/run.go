@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/k3s-io/kine/pkg/endpoint"
@@ -36,6 +37,10 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 
+	// Not up until this run has done its start-up work (see ProbeUp).
+	if err := clearMark(c.Dir, upMark); err != nil {
+		return fmt.Errorf("clearing the up mark of %s: %w", c.Name, err)
+	}
 	start := time.Now()
 	// kine outlives the components, so they can finish their last writes
 	// and close their watches while shutting down.
@@ -68,6 +73,10 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 			return fmt.Errorf("bootstrapping %s for node joins: %w", c.Name, err)
 		}
 	}
+	if err := setMark(c.Dir, upMark); err != nil {
+		return fmt.Errorf("marking %s up: %w", c.Name, err)
+	}
+	log.Info("control plane up", "elapsed", time.Since(start).Round(time.Millisecond))
 
 	running := 1
 	if c.Has(ControllerManager) {
@@ -249,6 +258,18 @@ func AdminHTTPClient(c Config) (*http.Client, error) {
 		Timeout:   2 * time.Second,
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}},
 	}, nil
+}
+
+// ProbeUp returns nil when the control plane answers its readiness path
+// and its current run has finished its start-up work: the objects upstream
+// makes just after it serves, outside any readiness check (the system
+// namespaces, the kubernetes Service), and for a tenant what nodes need to
+// join. This is what Ready means for a Cluster.
+func ProbeUp(ctx context.Context, client *http.Client, c Config) error {
+	if _, err := os.Stat(filepath.Join(c.Dir, upMark)); err != nil {
+		return errors.New("the control plane is still starting up")
+	}
+	return Probe(ctx, client, c)
 }
 
 // Probe returns nil when the control plane's readiness path (ReadyzPath)

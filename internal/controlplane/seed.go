@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net/url"
 	"os"
@@ -388,16 +387,9 @@ func seedHookChecks() []string {
 	}
 }
 
-func markSeeded(cpDir string) error {
-	return os.WriteFile(filepath.Join(cpDir, seededMark), nil, 0o600)
-}
+func markSeeded(cpDir string) error { return setMark(cpDir, seededMark) }
 
-func unmarkSeeded(cpDir string) error {
-	if err := os.Remove(filepath.Join(cpDir, seededMark)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	return nil
-}
+func unmarkSeeded(cpDir string) error { return clearMark(cpDir, seededMark) }
 
 // ReadyzPath is the readiness path to probe for the control plane in cpDir:
 // /readyz, less the checks of the bootstrap hooks once this run has seeded

@@ -251,7 +251,7 @@ func startManagement(ctx context.Context, v validated, sup *supervisor.Superviso
 	start := time.Now()
 	log.Info("starting the management API", "url", cfg.URL())
 	for last := time.Now(); ; {
-		if err := controlplane.Probe(ctx, client, cfg); err == nil {
+		if err := controlplane.ProbeUp(ctx, client, cfg); err == nil {
 			break
 		} else if time.Since(start) > 2*time.Minute {
 			return "", fmt.Errorf("management API at %s not ready after 2m: %v; see %s", cfg.URL(), err, filepath.Join(dir, "controlplane.log"))

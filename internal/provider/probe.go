@@ -93,7 +93,7 @@ func (p *Provider) probeOne(ctx context.Context, name string) {
 		p.probes[name] = pr
 		p.probeMu.Unlock()
 	}
-	err := controlplane.Probe(ctx, pr.client, pr.cfg)
+	err := controlplane.ProbeUp(ctx, pr.client, pr.cfg)
 	p.probeMu.Lock()
 	pr.last = time.Now()
 	prev := pr.state

@@ -1,0 +1,108 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Marks are empty files in a control plane's directory that one run of it
+// leaves for the daemon: each is removed when a run starts, so none outlives
+// the run that earned it.
+
+// upMark says the run has done its start-up work (ProbeUp).
+const upMark = "up"
+
+func setMark(cpDir, name string) error {
+	return os.WriteFile(filepath.Join(cpDir, name), nil, 0o600)
+}
+
+func clearMark(cpDir, name string) error {
+	if err := os.Remove(filepath.Join(cpDir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// upstreamObjects makes sure of what kube-apiserver's own controllers make
+// right after it serves, which no readiness check covers: it waits for the
+// system namespaces, and creates the kubernetes Service if it is not there
+// yet. Upstream creates that Service only once the full /readyz answers, a
+// second after serving (the bootstrap hooks' first poll), which a seeded
+// control plane does not wait for; it is made here exactly as upstream makes
+// it (first Service IP, 443 to the secure port), and upstream's controller
+// then finds it and keeps its endpoints.
+func upstreamObjects(ctx context.Context, kube kubernetes.Interface, c Config) error {
+	svc, err := kubernetesService(c)
+	if err != nil {
+		return err
+	}
+	missing := func() (string, error) {
+		for _, ns := range []string{metav1.NamespaceDefault, metav1.NamespaceSystem, metav1.NamespacePublic, corev1.NamespaceNodeLease} {
+			if _, err := kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+				return "namespace " + ns, nil
+			} else if err != nil {
+				return "", err
+			}
+		}
+		_, err := kube.CoreV1().Services(metav1.NamespaceDefault).Create(ctx, svc, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return "", fmt.Errorf("creating the kubernetes Service: %w", err)
+		}
+		return "", nil
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		what, err := missing()
+		if err == nil && what == "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if err != nil {
+				return err
+			}
+			return fmt.Errorf("%s does not exist a minute after the apiserver was ready", what)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// kubernetesService is the Service upstream's kubernetesservice controller
+// creates (CreateOrUpdateMasterServiceIfNeeded in k8s.io/kubernetes v1.37).
+func kubernetesService(c Config) (*corev1.Service, error) {
+	cidr, err := netip.ParsePrefix(c.ServiceCIDR)
+	if err != nil {
+		return nil, fmt.Errorf("service CIDR %q: %w", c.ServiceCIDR, err)
+	}
+	single := corev1.IPFamilyPolicySingleStack
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "kubernetes", Namespace: metav1.NamespaceDefault,
+			Labels: map[string]string{"provider": "kubernetes", "component": "apiserver"},
+		},
+		Spec: corev1.ServiceSpec{
+			Ports: []corev1.ServicePort{{
+				Name: "https", Protocol: corev1.ProtocolTCP, Port: 443, TargetPort: intstr.FromInt32(int32(c.Port)),
+			}},
+			ClusterIP:       cidr.Masked().Addr().Next().String(),
+			IPFamilyPolicy:  &single,
+			SessionAffinity: corev1.ServiceAffinityNone,
+			Type:            corev1.ServiceTypeClusterIP,
+		},
+	}, nil
+}
