@@ -56,8 +56,16 @@ func upstreamObjects(ctx context.Context, kube kubernetes.Interface, c Config) e
 				return "", err
 			}
 		}
-		_, err := kube.CoreV1().Services(metav1.NamespaceDefault).Create(ctx, svc, metav1.CreateOptions{})
-		if err != nil && !apierrors.IsAlreadyExists(err) {
+		// Get first: a create of an existing Service fails on its ClusterIP
+		// ("already allocated", Invalid) before it can say AlreadyExists.
+		services := kube.CoreV1().Services(metav1.NamespaceDefault)
+		if _, err := services.Get(ctx, svc.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return "", err
+		}
+		if _, err := services.Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			if _, gerr := services.Get(ctx, svc.Name, metav1.GetOptions{}); gerr == nil {
+				return "", nil // upstream's controller made it meanwhile
+			}
 			return "", fmt.Errorf("creating the kubernetes Service: %w", err)
 		}
 		return "", nil
