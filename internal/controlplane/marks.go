@@ -21,8 +21,27 @@ import (
 // leaves for the daemon: each is removed when a run starts, so none outlives
 // the run that earned it.
 
-// upMark says the run has done its start-up work (ProbeUp).
-const upMark = "up"
+const (
+	// upMark says the run has done its start-up work (ProbeUp).
+	upMark = "up"
+	// seededMark says the run wrote a whole seed into its datastore (ReadyzPath).
+	seededMark = "seeded"
+)
+
+// clearMarks removes every mark, as a run starts.
+func clearMarks(cpDir string) error {
+	for _, m := range []string{upMark, seededMark} {
+		if err := clearMark(cpDir, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func hasMark(cpDir, name string) bool {
+	_, err := os.Stat(filepath.Join(cpDir, name))
+	return err == nil
+}
 
 func setMark(cpDir, name string) error {
 	return os.WriteFile(filepath.Join(cpDir, name), nil, 0o600)

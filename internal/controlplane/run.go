@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/k3s-io/kine/pkg/endpoint"
@@ -37,9 +36,9 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 
-	// Not up until this run has done its start-up work (see ProbeUp).
-	if err := clearMark(c.Dir, upMark); err != nil {
-		return fmt.Errorf("clearing the up mark of %s: %w", c.Name, err)
+	// Marks are earned by this run: not up, not seeded, until it says so.
+	if err := clearMarks(c.Dir); err != nil {
+		return fmt.Errorf("clearing the marks of %s: %w", c.Name, err)
 	}
 	start := time.Now()
 	// kine outlives the components, so they can finish their last writes
@@ -50,9 +49,6 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 		return fmt.Errorf("starting kine for %s: %w", c.Name, err)
 	}
 	log.Info("datastore up", "elapsed", time.Since(start).Round(time.Millisecond))
-	if err := unmarkSeeded(c.Dir); err != nil {
-		return fmt.Errorf("clearing the seed mark of %s: %w", c.Name, err)
-	}
 	var seed *seeder
 	if c.SeedDir != "" {
 		// While the apiserver starts, which takes longer than seeding.
@@ -266,7 +262,7 @@ func AdminHTTPClient(c Config) (*http.Client, error) {
 // namespaces, the kubernetes Service), and for a tenant what nodes need to
 // join. This is what Ready means for a Cluster.
 func ProbeUp(ctx context.Context, client *http.Client, c Config) error {
-	if _, err := os.Stat(filepath.Join(c.Dir, upMark)); err != nil {
+	if !hasMark(c.Dir, upMark) {
 		return errors.New("the control plane is still starting up")
 	}
 	return Probe(ctx, client, c)

@@ -333,7 +333,7 @@ func startSeeding(ctx context.Context, endpoint, dir, cpDir string, log *slog.Lo
 			log.Warn("seeding the datastore", "err", err, "created", made)
 			return
 		}
-		if err := markSeeded(cpDir); err != nil {
+		if err := setMark(cpDir, seededMark); err != nil {
 			log.Warn("marking the datastore seeded; readiness waits for the bootstrap hooks", "err", err)
 		}
 		log.Info("datastore seeded with the bootstrap policy", "objects", made, "elapsed", time.Since(start).Round(time.Millisecond))
@@ -373,11 +373,6 @@ func (s *seeder) close() {
 	s.cli.Close()
 }
 
-// seededMark, in a control plane's directory, says that this run of the
-// control plane wrote a whole seed into its datastore. Run removes it first
-// thing, so it never outlives the run that earned it.
-const seededMark = "seeded"
-
 // seedHookChecks are the /readyz checks of the post-start hooks whose whole
 // work a seed has done: each still waits 1 s before its first look.
 func seedHookChecks() []string {
@@ -387,15 +382,11 @@ func seedHookChecks() []string {
 	}
 }
 
-func markSeeded(cpDir string) error { return setMark(cpDir, seededMark) }
-
-func unmarkSeeded(cpDir string) error { return clearMark(cpDir, seededMark) }
-
 // ReadyzPath is the readiness path to probe for the control plane in cpDir:
 // /readyz, less the checks of the bootstrap hooks once this run has seeded
 // its datastore with everything they would create.
 func ReadyzPath(cpDir string) string {
-	if _, err := os.Stat(filepath.Join(cpDir, seededMark)); err != nil {
+	if !hasMark(cpDir, seededMark) {
 		return "/readyz"
 	}
 	q := url.Values{"exclude": seedHookChecks()}

@@ -260,13 +260,13 @@ func TestSeedingMarksReadiness(t *testing.T) {
 		t.Errorf("after seeding: ReadyzPath = %q, want %q", got, want)
 	}
 	// The next run of the control plane starts unmarked.
-	if err := unmarkSeeded(cpDir); err != nil {
+	if err := clearMark(cpDir, seededMark); err != nil {
 		t.Fatal(err)
 	}
 	if got := ReadyzPath(cpDir); got != "/readyz" {
 		t.Errorf("after unmarking: ReadyzPath = %q, want /readyz", got)
 	}
-	if err := unmarkSeeded(cpDir); err != nil {
+	if err := clearMark(cpDir, seededMark); err != nil {
 		t.Errorf("unmarking an unmarked dir: %v", err)
 	}
 }

@@ -306,11 +306,11 @@ func installAPI(ctx context.Context, restCfg *rest.Config, kube kubernetes.Inter
 					// established less than 2 s ago for 2 s (for HA peers that
 					// have not seen it yet): wait that out here, once, rather
 					// than in the first `cluster create`.
-					justEstablished := 2*time.Second + 100*time.Millisecond - time.Since(c.LastTransitionTime.Time)
+					holdLeft := 2*time.Second + 100*time.Millisecond - time.Since(c.LastTransitionTime.Time)
 					select {
 					case <-ctx.Done():
 						return ctx.Err()
-					case <-time.After(justEstablished):
+					case <-time.After(holdLeft):
 					}
 					return nil
 				}
