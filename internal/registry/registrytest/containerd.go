@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/socialweb-computer/socialweb/internal/livetest"
 )
 
 // Containerd is a running private containerd.
@@ -25,7 +27,8 @@ type Containerd struct {
 
 // bins finds containerd and ctr in $SOCIALWEB_CONTAINERD_DIR (for example the usr/bin of
 // an unpacked node rootfs) or on PATH. ok is false when they are not there: containerd is
-// not a host prerequisite (it runs in the nodes), so callers skip.
+// not a host prerequisite of socialweb (it runs in the nodes), only of these tests, so
+// callers skip unless SOCIALWEB_REQUIRE_LIVE=1.
 func bins() (containerd, ctr string, ok bool) {
 	if d := os.Getenv("SOCIALWEB_CONTAINERD_DIR"); d != "" {
 		containerd, ctr = filepath.Join(d, "containerd"), filepath.Join(d, "ctr")
@@ -46,10 +49,10 @@ func Start(t testing.TB, registryAddr string) *Containerd {
 	t.Helper()
 	containerd, ctr, ok := bins()
 	if !ok {
-		t.Skip("containerd and ctr are not installed (set SOCIALWEB_CONTAINERD_DIR to a directory holding them, e.g. a node rootfs's usr/bin)")
+		livetest.Skip(t, "containerd and ctr are not installed (hack/deps installs Debian's; or set SOCIALWEB_CONTAINERD_DIR to a directory holding them, e.g. a node rootfs's usr/bin)")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("running containerd needs root")
+		livetest.Skip(t, "running containerd needs root")
 	}
 	// A short directory: the socket path must fit in 108 bytes.
 	dir, err := os.MkdirTemp("", "swctrd-")
