@@ -19,7 +19,7 @@
 // each row then also has the Pod's image pull time, and the run prints the bytes the
 // host sent over the cluster bridge and received on its other interfaces meanwhile.
 //
-//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi] [-large 1024]
+//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi] [-large 1024] [-timeout 20m]
 package main
 
 import (
@@ -54,6 +54,7 @@ func main() {
 	pods := flag.Int("pods", 1, "Pods per run, each on its own node")
 	memory := flag.String("memory", "1Gi", "node memory")
 	largeMiB := flag.Int("large", 0, "run a locally built image of this many MiB (0: busybox)")
+	timeout := flag.Duration("timeout", 20*time.Minute, "how long a run may wait for its Pods to run")
 	flag.Parse()
 	if *image == "" {
 		log.Fatal("-image is required")
@@ -131,7 +132,7 @@ func main() {
 	var rows [][]float64
 	var summary []string
 	for i := range *runs {
-		r, err := measure(ctx, k, state, i, *pods, podImage)
+		r, err := measure(ctx, k, state, i, *pods, podImage, *timeout)
 		if err != nil {
 			log.Fatalf("run %d: %v", i, err)
 		}
@@ -200,7 +201,7 @@ func (r runResult) meanRSSMiB() int {
 
 // measure creates n anti-affine Pods at once, follows each node's boot and each Pod to
 // Running, then deletes the Pods and waits until the cluster is back at zero.
-func measure(ctx context.Context, k kubernetes.Interface, state string, run, n int, podImage string) (runResult, error) {
+func measure(ctx context.Context, k kubernetes.Interface, state string, run, n int, podImage string, timeout time.Duration) (runResult, error) {
 	nodesDir := filepath.Join(state, "nodes")
 	zero := int64(0)
 	labels := map[string]string{"bench": fmt.Sprintf("run-%d", run)}
@@ -219,10 +220,10 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 	}
 	nodes := map[string]*nodeTimes{}
 	var res runResult
-	deadline := t0.Add(20 * time.Minute)
+	deadline := t0.Add(timeout)
 	for {
 		if time.Now().After(deadline) {
-			return res, fmt.Errorf("%d Pods not running with full console timelines after 20m", n)
+			return res, fmt.Errorf("%d Pods not running with full console timelines after %s (-timeout)", n, timeout)
 		}
 		now := time.Since(t0).Seconds()
 		entries, _ := os.ReadDir(nodesDir)
@@ -306,7 +307,7 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 		if err == nil && len(nl.Items) == 0 && dirs == 0 {
 			break
 		}
-		if time.Since(t0) > 30*time.Minute {
+		if time.Since(t0) > timeout+10*time.Minute {
 			return res, fmt.Errorf("nodes not gone")
 		}
 	}
