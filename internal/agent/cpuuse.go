@@ -148,11 +148,10 @@ func (a *Agent) reportCPU(ctx context.Context, interval time.Duration, cpus int)
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
+	// An ended ctx is noticed at the next tick: soon enough for a report.
+	for range t.C {
+		if ctx.Err() != nil {
 			return
-		case <-t.C:
 		}
 		cur, err := readCPUSample("/proc")
 		if err != nil {
