@@ -201,6 +201,14 @@ func TestFiveNodeProof(t *testing.T) {
 	readLogs()
 	if len(logs) != 5 {
 		t.Errorf("read the logs of %d finished Pods, want 5", len(logs))
+		// The unfinished ones' logs so far say which step they are stuck at.
+		for _, p := range podsOf() {
+			if _, done := logs[p.Name]; done {
+				continue
+			}
+			b, err := k.CoreV1().Pods("default").GetLogs(p.Name, &corev1.PodLogOptions{}).Do(ctx).Raw()
+			t.Logf("%s on %s, %s, log so far (err %v):\n%s", p.Name, p.Spec.NodeName, p.Status.Phase, err, strings.TrimSpace(string(b)))
+		}
 	}
 	names := make([]string, 0, len(logs))
 	for n := range logs {
