@@ -56,15 +56,16 @@ func readCPUSample(root string) (cpuSample, error) {
 			continue // exited
 		}
 		name, used, children, ok := parseProcStat(string(b))
-		if ok && filepath.Base(filepath.Dir(p)) == "1" {
+		if !ok {
+			continue
+		}
+		if filepath.Base(filepath.Dir(p)) == "1" {
 			name += " (pid 1)" // the agent and its in-process kubelet, apart from its children
 		}
-		if ok {
-			s.byName[name] += used
-			if children > 0 {
-				// Reaped children (iptables, CNI plugins, runc) count under their parent.
-				s.byName[name+"'s children"] += children
-			}
+		s.byName[name] += used
+		if children > 0 {
+			// Reaped children (iptables, CNI plugins, runc) count under their parent.
+			s.byName[name+"'s children"] += children
 		}
 	}
 	return s, nil
@@ -135,12 +136,12 @@ func cpuReport(prev, cur cpuSample, cpus, top int) string {
 
 // stepCPUReport starts the minutely CPU report for the agent's life.
 func stepCPUReport(ctx context.Context, a *Agent) error {
-	go a.reportCPU(context.Background(), time.Minute, runtime.NumCPU())
+	go a.reportCPU(time.Minute, runtime.NumCPU())
 	return nil
 }
 
-// reportCPU logs cpuReport every interval until ctx ends.
-func (a *Agent) reportCPU(ctx context.Context, interval time.Duration, cpus int) {
+// reportCPU logs cpuReport every interval for as long as the agent runs.
+func (a *Agent) reportCPU(interval time.Duration, cpus int) {
 	prev, err := readCPUSample("/proc")
 	if err != nil {
 		a.Log.Warn("cpu report: off", "err", err)
@@ -148,11 +149,7 @@ func (a *Agent) reportCPU(ctx context.Context, interval time.Duration, cpus int)
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	// An ended ctx is noticed at the next tick: soon enough for a report.
 	for range t.C {
-		if ctx.Err() != nil {
-			return
-		}
 		cur, err := readCPUSample("/proc")
 		if err != nil {
 			a.Log.Warn("cpu report: off", "err", err)

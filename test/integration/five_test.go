@@ -175,17 +175,21 @@ func TestFiveNodeProof(t *testing.T) {
 	// Each Pod's log is read as soon as it has finished: its node goes after the hold.
 	var finished *batchv1.Job
 	logs := map[string]string{}
+	podLog := func(name string) (string, error) {
+		b, err := k.CoreV1().Pods("default").GetLogs(name, &corev1.PodLogOptions{}).Do(ctx).Raw()
+		return string(b), err
+	}
 	readLogs := func() {
 		for _, p := range podsOf() {
 			if _, done := logs[p.Name]; done || (p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed) {
 				continue
 			}
-			b, err := k.CoreV1().Pods("default").GetLogs(p.Name, &corev1.PodLogOptions{}).Do(ctx).Raw()
+			l, err := podLog(p.Name)
 			if err != nil {
 				t.Logf("logs of %s: %v (trying again)", p.Name, err)
 				continue
 			}
-			logs[p.Name] = string(b)
+			logs[p.Name] = l
 		}
 	}
 	for end := time.Now().Add(15 * time.Minute); time.Now().Before(end); time.Sleep(2 * time.Second) {
@@ -206,8 +210,8 @@ func TestFiveNodeProof(t *testing.T) {
 			if _, done := logs[p.Name]; done {
 				continue
 			}
-			b, err := k.CoreV1().Pods("default").GetLogs(p.Name, &corev1.PodLogOptions{}).Do(ctx).Raw()
-			t.Logf("%s on %s, %s, log so far (err %v):\n%s", p.Name, p.Spec.NodeName, p.Status.Phase, err, strings.TrimSpace(string(b)))
+			l, err := podLog(p.Name)
+			t.Logf("%s on %s, %s, log so far (err %v):\n%s", p.Name, p.Spec.NodeName, p.Status.Phase, err, strings.TrimSpace(l))
 		}
 	}
 	names := make([]string, 0, len(logs))
