@@ -672,6 +672,63 @@ func TestBootingMachines(t *testing.T) {
 	assertEvent(t, client, "NodeJoinTimeout", "did not register within 5m0s")
 }
 
+// A Node that registered just before the boot deadline but is not in the informer cache
+// yet (it lags) must not be deleted as a JoinTimeout: it may already run a Pod. The
+// apiserver is asked before deleting.
+func TestLateRegistrationIsNotDeleted(t *testing.T) {
+	client := k8sfake.NewClientset(testPod("a"))
+	c := &clock{t: t0}
+	prov := fake.New(fake.WithClock(c.now)) // no tenant: the cache never sees a Node
+	d, err := New(Config{Cluster: cluster, NodeSize: testSize, MaxNodes: 3, BootTimeout: 5 * time.Minute},
+		Deps{Tenant: client, Provider: prov, Clock: c.now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if dec, err := d.RunPass(ctx); err != nil || dec.Action != scale.Provision {
+		t.Fatalf("first pass: %s, %v; want Provision", dec, err)
+	}
+	name := prov.Instances()[0].Name
+	// Only a live GET finds the Node: list and watch (the cache) do not.
+	client.PrependReactor("get", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.GetAction).GetName() != name {
+			return false, nil, nil
+		}
+		res := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"),
+			corev1.ResourceMemory: resource.MustParse("2Gi"), corev1.ResourcePods: resource.MustParse("20")}
+		return true, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{
+			Capacity: res, Allocatable: res,
+			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}, nil
+	})
+	c.advance(6 * time.Minute)
+	dec, err := d.RunPass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if prov.Count(fake.OpDelete) != 0 || prov.Count(fake.OpCreate) != 1 || dec.Action == scale.Provision {
+		t.Errorf("past the deadline with the Node registered: %s, %d creates, %d deletes; want no delete, no new machine",
+			dec, prov.Count(fake.OpCreate), prov.Count(fake.OpDelete))
+	}
+	if got := testutil.ToFloat64(d.metrics.nodeFails.WithLabelValues(cluster, "JoinTimeout")); got != 0 {
+		t.Errorf("socialweb_node_failures_total{reason=JoinTimeout} = %v, want 0", got)
+	}
+
+	// When the apiserver cannot say, nothing is deleted and the pass is an error.
+	client.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("apiserver unavailable")
+	})
+	c.advance(time.Minute)
+	if _, err := d.RunPass(ctx); err == nil || !strings.Contains(err.Error(), "checking whether node "+name+" registered") {
+		t.Errorf("pass with the Node's GET failing: %v, want an error naming the node", err)
+	}
+	if prov.Count(fake.OpDelete) != 0 {
+		t.Errorf("%d deletes while the apiserver could not say whether the Node registered", prov.Count(fake.OpDelete))
+	}
+}
+
 // assertEvent fails unless the tenant has a Warning Event with reason whose note
 // contains text.
 func assertEvent(t *testing.T, client *k8sfake.Clientset, reason, text string) {

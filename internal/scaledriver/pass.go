@@ -153,9 +153,20 @@ func (d *Driver) observe(ctx context.Context) (scale.Observed, []failedMachine, 
 			o.Booting = append(o.Booting, in.Name)
 			booting[in.Name] = in.Created
 		default:
-			// A machine that never joined holds host resources and is counted nowhere.
-			failed = append(failed, failedMachine{name: in.Name, reason: "JoinTimeout",
-				message: fmt.Sprintf("node %s did not register within %s of its creation", in.Name, d.cfg.BootTimeout)})
+			// Past the deadline by the cache. The cache may lag a Node that registered just
+			// now (and may already have a Pod bound), so the apiserver has the last word.
+			n, err := d.tenant.CoreV1().Nodes().Get(ctx, in.Name, metav1.GetOptions{})
+			switch {
+			case err == nil:
+				o.Nodes = append(o.Nodes, n)
+				joined = append(joined, joinedMachine{name: in.Name, took: o.Now.Sub(in.Created)})
+			case apierrors.IsNotFound(err):
+				// A machine that never joined holds host resources and is counted nowhere.
+				failed = append(failed, failedMachine{name: in.Name, reason: "JoinTimeout",
+					message: fmt.Sprintf("node %s did not register within %s of its creation", in.Name, d.cfg.BootTimeout)})
+			default:
+				return scale.Observed{}, nil, nil, fmt.Errorf("scaledriver: cluster %s: checking whether node %s registered: %w", d.cfg.Cluster, in.Name, err)
+			}
 		}
 	}
 	d.booting = booting

@@ -49,13 +49,15 @@ echo "step served: five-$prev fetched my page"
 // answered by its own node); the Pods finish and after the hold the cluster is back at
 // zero nodes and zero VMs. The control plane is Ready throughout.
 func TestFiveNodeProof(t *testing.T) {
+	// Failures are repeated at the very end of the output, after the tenant's state.
+	ft := &failureLog{TB: t}
 	img := nodeImage(t)
 	external := os.Getenv("SOCIALWEB_TEST_EXTERNAL_NAME")
 	if external == "" {
 		external = "deb.debian.org"
 	}
 	if _, err := net.LookupHost(external); err != nil {
-		t.Fatalf("the host cannot resolve %s (%v): the test needs one name the host's resolver answers; set SOCIALWEB_TEST_EXTERNAL_NAME", external, err)
+		ft.Fatalf("the host cannot resolve %s (%v): the test needs one name the host's resolver answers; set SOCIALWEB_TEST_EXTERNAL_NAME", external, err)
 	}
 	d := newDaemon(t, 1, "--node-image", img)
 	d.start()
@@ -91,12 +93,12 @@ func TestFiveNodeProof(t *testing.T) {
 		close(stop)
 		watched.Wait()
 		if len(notReady) > 0 {
-			t.Errorf("the control plane was not Ready %d times:\n%s", len(notReady), strings.Join(notReady, "\n"))
+			ft.Errorf("the control plane was not Ready %d times:\n%s", len(notReady), strings.Join(notReady, "\n"))
 		}
 	}()
 
 	if nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil || len(nl.Items) != 0 {
-		t.Fatalf("step 1: want zero nodes, got %v, %v", nl, err)
+		ft.Fatalf("step 1: want zero nodes, got %v, %v", nl, err)
 	}
 	jobLabels := map[string]string{"batch.kubernetes.io/job-name": "five"}
 	for _, s := range []*corev1.Service{
@@ -141,20 +143,20 @@ func TestFiveNodeProof(t *testing.T) {
 	podsOf := func() []corev1.Pod {
 		pl, err := k.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=five"})
 		if err != nil {
-			t.Fatalf("listing the Job's Pods: %v", err)
+			ft.Fatalf("listing the Job's Pods: %v", err)
 		}
 		return pl.Items
 	}
 	// 2-3. Five Pods, each running on its own freshly booted node.
 	nodeOf := map[string]string{}
 	var atFailure string
-	d.lastWords = func() string { return atFailure }
+	d.lastWords = func() string { return atFailure + ft.summary() }
 	defer func() {
 		if t.Failed() {
 			atFailure = describeTenant(ctx, k, 15)
 		}
 	}()
-	livetest.Eventually(t, 25*time.Minute, time.Second, "five Pods to run (or finish) on five nodes", func() bool {
+	livetest.Eventually(ft, 25*time.Minute, time.Second, "five Pods to run (or finish) on five nodes", func() bool {
 		for _, p := range podsOf() {
 			if p.Spec.NodeName != "" && p.Status.Phase != corev1.PodPending {
 				nodeOf[p.Name] = p.Spec.NodeName
@@ -168,7 +170,7 @@ func TestFiveNodeProof(t *testing.T) {
 		distinct[n] = true
 	}
 	if len(distinct) != 5 || len(qemusOf(d.stateDir)) != 5 {
-		t.Fatalf("step 3: Pods on nodes %v (%d distinct), %d qemu processes; want five of each", nodeOf, len(distinct), len(qemusOf(d.stateDir)))
+		ft.Fatalf("step 3: Pods on nodes %v (%d distinct), %d qemu processes; want five of each", nodeOf, len(distinct), len(qemusOf(d.stateDir)))
 	}
 
 	// 4-5. Every Pod does its network steps and finishes.
@@ -204,7 +206,7 @@ func TestFiveNodeProof(t *testing.T) {
 	}
 	readLogs()
 	if len(logs) != 5 {
-		t.Errorf("read the logs of %d finished Pods, want 5", len(logs))
+		ft.Errorf("read the logs of %d finished Pods, want 5", len(logs))
 		// The unfinished ones' logs so far say which step they are stuck at.
 		for _, p := range podsOf() {
 			if _, done := logs[p.Name]; done {
@@ -223,17 +225,21 @@ func TestFiveNodeProof(t *testing.T) {
 		t.Logf("%s on %s:\n%s", n, nodeOf[n], strings.TrimSpace(logs[n]))
 		for _, step := range []string{"step peer:", "step service:", "step external:", "step served:"} {
 			if !strings.Contains(logs[n], step) {
-				t.Errorf("%s on %s did not get to %q", n, nodeOf[n], step)
+				ft.Errorf("%s on %s did not get to %q", n, nodeOf[n], step)
 			}
 		}
 	}
 	if finished == nil || finished.Status.Succeeded != 5 {
-		t.Fatalf("step 5: the Job did not finish with 5 successes: %+v", finished)
+		var status any
+		if finished != nil {
+			status = finished.Status
+		}
+		ft.Fatalf("step 5: the Job did not finish with 5 successes: %+v", status)
 	}
 	t.Logf("the Job finished %.1fs after it was created", time.Since(t0).Seconds())
 
 	// After the hold: zero nodes, zero VMs.
-	livetest.Eventually(t, 4*time.Minute, time.Second, "the cluster to fall back to zero nodes and VMs", func() bool {
+	livetest.Eventually(ft, 4*time.Minute, time.Second, "the cluster to fall back to zero nodes and VMs", func() bool {
 		nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		return err == nil && len(nl.Items) == 0 && len(qemusOf(d.stateDir)) == 0
 	})
@@ -256,6 +262,14 @@ func describeTenant(ctx context.Context, k kubernetes.Interface, events int) str
 	if pl, err := k.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{}); err == nil {
 		for _, p := range pl.Items {
 			fmt.Fprintf(&b, "pod %s/%s: %s on %q", p.Namespace, p.Name, p.Status.Phase, p.Spec.NodeName)
+			if p.Status.Reason != "" {
+				fmt.Fprintf(&b, " (%s: %s)", p.Status.Reason, p.Status.Message)
+			}
+			for _, cs := range p.Status.ContainerStatuses {
+				if term := cs.State.Terminated; term != nil {
+					fmt.Fprintf(&b, " %s exited %d (%s)", cs.Name, term.ExitCode, term.Reason)
+				}
+			}
 			for _, c := range p.Status.Conditions {
 				if c.Status != corev1.ConditionTrue {
 					fmt.Fprintf(&b, " %s=%s(%s: %s)", c.Type, c.Status, c.Reason, c.Message)
@@ -272,6 +286,12 @@ func describeTenant(ctx context.Context, k kubernetes.Interface, events int) str
 			return e.EventTime.Time
 		}
 		sort.SliceStable(el.Items, func(i, j int) bool { return at(el.Items[i]).Before(at(el.Items[j])) })
+		// Every Warning but the (frequent) network ones, then the last events.
+		for _, e := range el.Items[:max(0, len(el.Items)-events)] {
+			if e.Type == corev1.EventTypeWarning && e.Reason != "NodeNetworkProblem" {
+				fmt.Fprintf(&b, "event %s %s %s %s: %s\n", at(e).Format(time.TimeOnly), e.Type, e.Reason, e.InvolvedObject.Name, e.Message)
+			}
+		}
 		for _, e := range el.Items[max(0, len(el.Items)-events):] {
 			fmt.Fprintf(&b, "event %s %s %s %s: %s\n", at(e).Format(time.TimeOnly), e.Type, e.Reason, e.InvolvedObject.Name, e.Message)
 		}

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -281,4 +282,41 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// failureLog is a test's TB that keeps its failure messages, so they can be repeated at
+// the end of a long failing test's output: that end is what a CI summary shows.
+type failureLog struct {
+	testing.TB
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (f *failureLog) keep(format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.msgs = append(f.msgs, fmt.Sprintf(format, args...))
+}
+
+func (f *failureLog) Errorf(format string, args ...any) {
+	f.TB.Helper()
+	f.keep(format, args...)
+	f.TB.Errorf(format, args...)
+}
+
+func (f *failureLog) Fatalf(format string, args ...any) {
+	f.TB.Helper()
+	f.keep(format, args...)
+	f.TB.Fatalf(format, args...)
+}
+
+// summary is the kept messages, one "failed: " line each (empty when none).
+func (f *failureLog) summary() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var b strings.Builder
+	for _, m := range f.msgs {
+		fmt.Fprintf(&b, "failed: %s\n", m)
+	}
+	return b.String()
 }
