@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -111,6 +112,11 @@ func newDaemon(t *testing.T, ports int, extra ...string) *daemon {
 		if t.Failed() {
 			b, _ := os.ReadFile(d.logPath)
 			t.Logf("daemon log (tail):\n%s", tail(string(b), 40))
+		}
+		if t.Failed() {
+			if notes := consoleNotes(d.stateDir); notes != "" {
+				t.Logf("node consoles (notable lines):\n%s", notes)
+			}
 		}
 		if t.Failed() && d.lastWords != nil {
 			t.Logf("at the failure:\n%s", d.lastWords())
@@ -268,6 +274,47 @@ func processesMentioning(s string) []int {
 		pids = append(pids, pid)
 	}
 	return pids
+}
+
+// notableConsoleLine matches what tells why a node failed: a panic, the OOM killer, an
+// eviction, a fatal kubelet line, or an agent error.
+var notableConsoleLine = regexp.MustCompile(`(?i:kernel panic|out of memory|oom-kill|evicting|evicted|attempting to reclaim)|^F\d{4} |^level=ERROR`)
+
+// consoleNotes is, per node console of a daemon (live nodes' and deleted nodes' kept
+// copies), its last notable lines and its last CPU report, each cut to a line's width.
+func consoleNotes(stateDir string) string {
+	live, _ := filepath.Glob(filepath.Join(stateDir, "nodes", "*", "console.log"))
+	kept, _ := filepath.Glob(filepath.Join(stateDir, "nodes", "consoles", "*.log"))
+	cut := func(l string) string {
+		if len(l) > 240 {
+			return l[:240] + "..."
+		}
+		return l
+	}
+	var b strings.Builder
+	for _, f := range append(live, kept...) {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var notable []string
+		cpu := ""
+		for _, l := range strings.Split(string(data), "\n") {
+			switch {
+			case strings.Contains(l, `msg="cpu use"`):
+				cpu = l
+			case notableConsoleLine.MatchString(l):
+				notable = append(notable, l)
+			}
+		}
+		fmt.Fprintf(&b, "%s:\n", strings.TrimPrefix(f, stateDir+"/"))
+		for _, l := range append(notable[max(0, len(notable)-4):], cpu) {
+			if l != "" {
+				fmt.Fprintf(&b, "  %s\n", cut(strings.TrimSpace(l)))
+			}
+		}
+	}
+	return b.String()
 }
 
 func tail(s string, n int) string {
