@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/dynamic"
@@ -30,6 +31,43 @@ func (j *lateJoiner) Identity(ctx context.Context, req nodes.NodeRequest, addr n
 	return j.host.Identity(ctx, req, addr, mac)
 }
 
+// noNodeImage stands in for the node services of a daemon without a node image: it
+// boots nothing, and tells each Ready cluster (its NodeBoot condition) why its Pods stay
+// Pending and what the operator does about it.
+type noNodeImage struct {
+	status provider.ScaleStatus
+	mu     sync.Mutex
+	told   map[string]bool
+}
+
+// noNodeImageMessage is the NodeBoot condition's message on a host without a node image.
+const noNodeImageMessage = "this host runs without a node image, so the cluster stays at zero nodes and its Pods stay Pending: " +
+	"build one with `socialweb image build` and restart `socialweb serve --node-image DIR` with the dir it prints"
+
+func (n *noNodeImage) Start(ctx context.Context, c nodeservice.Cluster) error {
+	n.mu.Lock()
+	told := n.told[c.Name]
+	n.mu.Unlock()
+	if told {
+		return nil
+	}
+	if err := n.status.RecordNodeBoot(ctx, c.Name, false, "NoNodeImage", noNodeImageMessage); err != nil {
+		return fmt.Errorf("reporting that cluster %s gets no nodes: %w", c.Name, err)
+	}
+	n.mu.Lock()
+	n.told[c.Name] = true
+	n.mu.Unlock()
+	return nil
+}
+
+func (n *noNodeImage) Stop(name string) {
+	n.mu.Lock()
+	delete(n.told, name)
+	n.mu.Unlock()
+}
+
+func (n *noNodeImage) DeleteAll(context.Context, string) error { return nil }
+
 // qemuAddresser reports a machine's address for the CCM.
 type qemuAddresser struct{ *qemu.Provider }
 
@@ -49,7 +87,7 @@ func startNodes(ctx context.Context, v validated, nets *nodenet.Manager, plan fu
 	dyn dynamic.Interface, reg prometheus.Registerer, log *slog.Logger) (provider.NodeServices, error) {
 	if v.NodeImage == "" {
 		log.Info("no --node-image: clusters stay at zero nodes (build one with `socialweb image build`)")
-		return nil, nil
+		return &noNodeImage{status: provider.ScaleStatus{Client: dyn}, told: map[string]bool{}}, nil
 	}
 	if nets == nil {
 		return nil, fmt.Errorf("--node-image needs --node-network: nodes live on their cluster's bridge")

@@ -8,16 +8,19 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 )
 
@@ -44,6 +47,16 @@ func TestTenantAtZeroNodesCanAcceptNodes(t *testing.T) {
 		}
 	}
 	assertNoNodes()
+	// This daemon has no node image: the Cluster says so, and what to do.
+	var nodeBoot *metav1.Condition
+	livetest.Eventually(t, time.Minute, 250*time.Millisecond, "the NodeBoot condition to say there is no node image", func() bool {
+		cl := d.cluster("zero")
+		nodeBoot = meta.FindStatusCondition(cl.Status.Conditions, v1.ConditionNodeBoot)
+		return nodeBoot != nil
+	})
+	if nodeBoot.Status != metav1.ConditionFalse || nodeBoot.Reason != "NoNodeImage" || !strings.Contains(nodeBoot.Message, "--node-image") {
+		t.Errorf("NodeBoot condition %+v, want False NoNodeImage naming --node-image", *nodeBoot)
+	}
 	for _, ns := range []string{"default", "kube-system", "kube-public", "kube-node-lease"} {
 		if _, err := k.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
 			t.Errorf("namespace %s: %v", ns, err)
