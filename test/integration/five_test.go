@@ -27,11 +27,17 @@ import (
 // and reach a Service, resolve an external name through the host's resolver, and wait
 // for the previous Pod's acknowledgement (not just a request: a starved client's wget
 // may be cut off after the server logged it, and then the server must not leave). Each
-// step prints one line the test checks.
+// step prints one line the test checks; the two waits on other Pods say every 30 tries
+// what they see, so a stuck Pod's log tells a name that does not resolve from an
+// address that does not answer.
 const fiveJobScript = `i=$JOB_COMPLETION_INDEX; next=$(( (i+1) % 5 )); prev=$(( (i+4) % 5 )); me=$(hostname)
 mkdir -p /www && echo "reached-$me" > /www/peer.html && echo "web-$me" > /www/index.html && echo ok > /www/ack.html
 httpd -f -vv -p 8080 -h /www 2>/tmp/access &
-until timeout 30 wget -q -O- "http://five-$next.peers:8080/peer.html" 2>/dev/null | grep -q "reached-five-$next"; do sleep 1; done
+n=0
+until timeout 30 wget -q -O- "http://five-$next.peers:8080/peer.html" 2>/tmp/wget.err | grep -q "reached-five-$next"; do
+  n=$((n+1)); [ $((n % 30)) = 0 ] && echo "waiting for five-$next.peers ($n tries): nslookup $(timeout 30 nslookup five-$next.peers 2>&1 | tail -n 3 | tr '\n' ' ') wget: $(cat /tmp/wget.err)"
+  sleep 1
+done
 echo "step peer: reached five-$next.peers"
 for a in 1 2 3 4 5; do timeout 30 wget -q -O /dev/null "http://five-$next.peers:8080/ack.html" && break; sleep 1; done
 until timeout 30 nslookup web.default.svc.cluster.local 2>/dev/null | grep -q "^Name:"; do sleep 1; done
@@ -39,7 +45,11 @@ until timeout 30 wget -q -O- http://web/ 2>/dev/null | grep -q "web-five-"; do s
 echo "step service: resolved and reached web"
 until timeout 30 nslookup "$EXTERNAL_NAME" 2>/dev/null | grep -q "^Name:"; do sleep 1; done
 echo "step external: resolved $EXTERNAL_NAME"
-until grep -q "url:/ack.html" /tmp/access; do sleep 1; done
+n=0
+until grep -q "url:/ack.html" /tmp/access; do
+  n=$((n+1)); [ $((n % 30)) = 0 ] && echo "waiting for five-$prev's acknowledgement ($n s): $(grep -c 'url:' /tmp/access) requests served"
+  sleep 1
+done
 echo "step served: five-$prev fetched my page"
 `
 
