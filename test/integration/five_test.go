@@ -297,13 +297,11 @@ func describeTenant(ctx context.Context, k kubernetes.Interface, events int) str
 		}
 		sort.SliceStable(el.Items, func(i, j int) bool { return at(el.Items[i]).Before(at(el.Items[j])) })
 		// Every Warning but the (frequent) network ones, then the last events.
-		for _, e := range el.Items[:max(0, len(el.Items)-events)] {
-			if e.Type == corev1.EventTypeWarning && e.Reason != "NodeNetworkProblem" {
+		last := max(0, len(el.Items)-events)
+		for i, e := range el.Items {
+			if i >= last || e.Type == corev1.EventTypeWarning && e.Reason != "NodeNetworkProblem" {
 				fmt.Fprintf(&b, "event %s %s %s %s: %s\n", at(e).Format(time.TimeOnly), e.Type, e.Reason, e.InvolvedObject.Name, e.Message)
 			}
-		}
-		for _, e := range el.Items[max(0, len(el.Items)-events):] {
-			fmt.Fprintf(&b, "event %s %s %s %s: %s\n", at(e).Format(time.TimeOnly), e.Type, e.Reason, e.InvolvedObject.Name, e.Message)
 		}
 	}
 	return b.String()

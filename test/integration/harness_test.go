@@ -112,14 +112,12 @@ func newDaemon(t *testing.T, ports int, extra ...string) *daemon {
 		if t.Failed() {
 			b, _ := os.ReadFile(d.logPath)
 			t.Logf("daemon log (tail):\n%s", tail(string(b), 40))
-		}
-		if t.Failed() {
 			if notes := consoleNotes(d.stateDir); notes != "" {
 				t.Logf("node consoles (notable lines):\n%s", notes)
 			}
-		}
-		if t.Failed() && d.lastWords != nil {
-			t.Logf("at the failure:\n%s", d.lastWords())
+			if d.lastWords != nil {
+				t.Logf("at the failure:\n%s", d.lastWords())
+			}
 		}
 		assertNoProcessesLeft(t, d.stateDir)
 	})
