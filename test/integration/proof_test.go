@@ -228,6 +228,23 @@ func qemusOf(stateDir string) []int {
 	return out
 }
 
+// vmNamesOf returns the guest names (node names) of the qemu processes of stateDir.
+func vmNamesOf(stateDir string) []string {
+	var out []string
+	for _, pid := range qemusOf(stateDir) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue // exited since
+		}
+		for _, arg := range bytes.Split(b, []byte{0}) {
+			if name, ok := bytes.CutPrefix(arg, []byte("guest=")); ok {
+				out = append(out, string(name))
+			}
+		}
+	}
+	return out
+}
+
 // execIn runs a command in a Pod's first container as kubectl exec does and returns stdout.
 func execIn(ctx context.Context, cfg *rest.Config, k kubernetes.Interface, ns, pod string, command ...string) (string, error) {
 	req := k.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(pod).SubResource("exec").
