@@ -22,6 +22,7 @@ func newClusterCommand(g *globalOptions) *cobra.Command {
 		newClusterListCommand(g),
 		newClusterGetCommand(g),
 		newClusterKubeconfigCommand(g),
+		newClusterRunnerCredentialCommand(g),
 		newClusterDeleteCommand(g),
 	)
 	return cmd

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -27,15 +28,24 @@ func newClusterKubeconfigCommand(g *globalOptions) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, err := m.kube.CoreV1().Secrets(v1.SystemNamespace).Get(ctx, provider.AdminSecretName(c.Name), metav1.GetOptions{})
-			if apierrors.IsNotFound(err) || (err == nil && len(s.Data["kubeconfig"]) == 0) {
-				return fmt.Errorf("cluster %s has no admin kubeconfig yet (phase %q): retry once it is provisioned, or create with --wait", c.Name, c.Status.Phase)
-			}
+			b, err := m.adminKubeconfig(ctx, c)
 			if err != nil {
-				return fmt.Errorf("reading the admin kubeconfig of %s: %w", c.Name, err)
+				return err
 			}
-			_, err = os.Stdout.Write(s.Data["kubeconfig"])
+			_, err = os.Stdout.Write(b)
 			return err
 		},
 	}
+}
+
+// adminKubeconfig is the tenant's admin kubeconfig, as the daemon keeps it.
+func (m *mgmtClients) adminKubeconfig(ctx context.Context, c *v1.Cluster) ([]byte, error) {
+	s, err := m.kube.CoreV1().Secrets(v1.SystemNamespace).Get(ctx, provider.AdminSecretName(c.Name), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) || (err == nil && len(s.Data["kubeconfig"]) == 0) {
+		return nil, fmt.Errorf("cluster %s has no admin kubeconfig yet (phase %q): retry once it is provisioned, or create with --wait", c.Name, c.Status.Phase)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the admin kubeconfig of %s: %w", c.Name, err)
+	}
+	return s.Data["kubeconfig"], nil
 }

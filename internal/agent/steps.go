@@ -23,6 +23,7 @@ import (
 
 	"k8s.io/component-base/version"
 
+	"github.com/socialweb-computer/socialweb/internal/atomicfile"
 	"github.com/socialweb-computer/socialweb/internal/identity"
 )
 
@@ -849,14 +850,7 @@ func writeFile(path string, data []byte, mode os.FileMode) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return err
-	}
-	if err := os.Chmod(tmp, mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(path, data, mode)
 }
 
 func writeFiles(files []File) error {

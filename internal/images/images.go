@@ -42,6 +42,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+
+	"github.com/socialweb-computer/socialweb/internal/atomicfile"
 )
 
 // FormatVersion changes whenever the image layout this package writes changes, so cached
@@ -189,7 +191,7 @@ func cached(ctx context.Context, image string, in any, refs []string, opts Optio
 		return "", "", err
 	}
 	rb, _ := json.MarshalIndent(record{Digest: digest, Refs: refs, TarSize: st.Size(), Inputs: in}, "", "  ")
-	if err := writeFileAtomic(recPath, append(rb, '\n')); err != nil {
+	if err := atomicfile.Write(recPath, append(rb, '\n'), 0o644); err != nil {
 		return "", "", err
 	}
 	log.Info("image built", "image", image, "digest", digest, "path", tarPath, "bytes", st.Size())
@@ -204,27 +206,6 @@ func readRecord(recPath, tarPath string) (record, bool) {
 	}
 	st, err := os.Stat(tarPath)
 	return rec, err == nil && st.Size() == rec.TarSize
-}
-
-func writeFileAtomic(p string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(p), ".tmp-*")
-	if err != nil {
-		return err
-	}
-	_, err = tmp.Write(data)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), p)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-	}
-	return err
 }
 
 // errNoTool marks a missing host tool (the go command, apt-get, dpkg-deb).

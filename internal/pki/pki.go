@@ -21,6 +21,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/socialweb-computer/socialweb/internal/atomicfile"
 )
 
 const (
@@ -283,17 +285,7 @@ func writePair(certPath, keyPath string, der []byte, key *ecdsa.PrivateKey) erro
 
 // writeFile replaces path atomically so a crash never leaves half a key.
 func writeFile(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Chmod(tmp, mode); err != nil {
-		return fmt.Errorf("setting mode of %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
+	return atomicfile.Write(path, data, mode)
 }
 
 func serial() *big.Int {
