@@ -28,6 +28,19 @@ func newClusterCommand(g *globalOptions) *cobra.Command {
 	return cmd
 }
 
+// connectTo connects to the management API and fetches one Cluster.
+func (g *globalOptions) connectTo(ctx context.Context, name string) (*mgmtClients, *v1.Cluster, error) {
+	m, err := g.connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := m.getCluster(ctx, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m, c, nil
+}
+
 // getCluster fetches one Cluster with a NotFound error that says what to do.
 func (m *mgmtClients) getCluster(ctx context.Context, name string) (*v1.Cluster, error) {
 	u, err := m.dyn.Resource(v1.ClusterResource).Get(ctx, name, metav1.GetOptions{})

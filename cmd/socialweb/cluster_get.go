@@ -20,11 +20,7 @@ func newClusterGetCommand(g *globalOptions) *cobra.Command {
 				return usageError{errf("-o %q: want yaml or json", output)}
 			}
 			ctx := cmd.Context()
-			m, err := g.connect(ctx)
-			if err != nil {
-				return err
-			}
-			c, err := m.getCluster(ctx, args[0])
+			_, c, err := g.connectTo(ctx, args[0])
 			if err != nil {
 				return err
 			}

@@ -20,11 +20,7 @@ func newClusterKubeconfigCommand(g *globalOptions) *cobra.Command {
 		Args:  nameArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			m, err := g.connect(ctx)
-			if err != nil {
-				return err
-			}
-			c, err := m.getCluster(ctx, args[0])
+			m, c, err := g.connectTo(ctx, args[0])
 			if err != nil {
 				return err
 			}

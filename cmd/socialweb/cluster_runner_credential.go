@@ -51,11 +51,7 @@ invalidates every token minted for it.`,
 				return usageError{errf("--revoke and --out: a revoked credential writes no files; drop one of them")}
 			}
 			ctx := cmd.Context()
-			m, err := g.connect(ctx)
-			if err != nil {
-				return err
-			}
-			c, err := m.getCluster(ctx, args[0])
+			m, c, err := g.connectTo(ctx, args[0])
 			if err != nil {
 				return err
 			}
