@@ -6,6 +6,8 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/socialweb-computer/socialweb/internal/atomicfile"
 )
 
 // Kubeconfig builds a kubeconfig for server that embeds the server CA and a
@@ -38,5 +40,5 @@ func WriteKubeconfig(path string, p Paths, id Identity, contextName, server stri
 	if err != nil {
 		return err
 	}
-	return writeFile(path, b, 0o600)
+	return atomicfile.Write(path, b, 0o600)
 }

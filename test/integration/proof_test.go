@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -216,27 +217,29 @@ func TestFourStepProof(t *testing.T) {
 	}
 }
 
-// qemusOf returns the qemu processes whose command line names stateDir.
-func qemusOf(stateDir string) []int {
-	var out []int
+// qemuCmdlines maps each qemu process whose command line names stateDir to its
+// command line's arguments.
+func qemuCmdlines(stateDir string) map[int][][]byte {
+	out := map[int][][]byte{}
 	for _, pid := range processesMentioning(stateDir) {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		if err == nil && bytes.Contains(b, []byte("qemu-system")) {
-			out = append(out, pid)
+			out[pid] = bytes.Split(b, []byte{0})
 		}
 	}
 	return out
 }
 
+// qemusOf returns the qemu processes whose command line names stateDir.
+func qemusOf(stateDir string) []int {
+	return slices.Collect(maps.Keys(qemuCmdlines(stateDir)))
+}
+
 // vmNamesOf returns the guest names (node names) of the qemu processes of stateDir.
 func vmNamesOf(stateDir string) []string {
 	var out []string
-	for _, pid := range qemusOf(stateDir) {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil {
-			continue // exited since
-		}
-		for _, arg := range bytes.Split(b, []byte{0}) {
+	for _, args := range qemuCmdlines(stateDir) {
+		for _, arg := range args {
 			if name, ok := bytes.CutPrefix(arg, []byte("guest=")); ok {
 				out = append(out, string(name))
 			}
