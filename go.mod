@@ -3,6 +3,8 @@ module github.com/socialweb-computer/socialweb
 go 1.26.5
 
 require (
+	github.com/BurntSushi/toml v1.6.0
+	github.com/distribution/reference v0.6.0
 	github.com/k3s-io/kine v0.17.5
 	k8s.io/kubernetes v1.37.2
 )
@@ -39,7 +41,6 @@ require (
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/cyphar/filepath-securejoin v0.7.0 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
-	github.com/distribution/reference v0.6.0 // indirect
 	github.com/docker/go-units v0.5.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/emicklei/go-restful/v3 v3.13.0 // indirect

@@ -51,6 +51,10 @@ const (
 	// ConditionNodeNetwork is True when no node reports a network problem (it cannot
 	// reach the gateway, or its cluster DNS does not answer); False lists the problems.
 	ConditionNodeNetwork = "NodeNetwork"
+	// ConditionNodeAccelerator says which accelerator the cluster's nodes boot under: its
+	// reason is KVM or TCG, its message why (what the host's KVM probe saw, or that KVM
+	// was turned off after node boots stalled under it).
+	ConditionNodeAccelerator = "NodeAccelerator"
 )
 
 // Cluster is a tenant Kubernetes cluster.

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -11,20 +10,13 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
-	"github.com/socialweb-computer/socialweb/internal/atomicfile"
 	"github.com/socialweb-computer/socialweb/internal/gitlab"
-)
-
-// Files written by --out.
-const (
-	runnerKubeconfigFile = "kubeconfig"
-	runnerCAFile         = "ca.crt"
-	runnerTemplateFile   = "config.template.toml"
 )
 
 func newClusterRunnerCredentialCommand(g *globalOptions) *cobra.Command {
 	var (
 		grant  = gitlab.Grant{Namespace: gitlab.DefaultNamespace, Name: gitlab.DefaultName, TTL: gitlab.DefaultTTL}
+		jobs   = gitlab.DefaultJobOptions()
 		out    string
 		revoke bool
 	)
@@ -39,6 +31,12 @@ Without --out it prints a kubeconfig. With --out DIR it writes DIR/kubeconfig,
 DIR/ca.crt and DIR/config.template.toml, for
   gitlab-runner register --non-interactive --url URL --token TOKEN \
     --executor kubernetes --template-config DIR/config.template.toml
+The template is written for the cluster's node size and its start from zero nodes:
+poll_timeout covers a node boot and image pulls, CPU and memory requests (not limits)
+fit a node so jobs pack the way the scale decision plans, output_limit, pull_policy
+if-not-present, and with --one-job-per-node a required anti-affinity between job Pods.
+Each value carries a comment saying why; a value no node could run is refused.
+
 Run it again to mint a fresh token; --revoke deletes the ServiceAccount, which
 invalidates every token minted for it.`,
 		Args: nameArg,
@@ -50,6 +48,14 @@ invalidates every token minted for it.`,
 			if revoke && out != "" {
 				return usageError{errf("--revoke and --out: a revoked credential writes no files; drop one of them")}
 			}
+			if err := jobs.Validate(); err != nil {
+				return usageError{err}
+			}
+			if out != "" {
+				if _, err := gitlab.CheckOutDir(out); err != nil {
+					return usageError{err}
+				}
+			}
 			ctx := cmd.Context()
 			m, c, err := g.connectTo(ctx, args[0])
 			if err != nil {
@@ -57,6 +63,16 @@ invalidates every token minted for it.`,
 			}
 			if c.Status.Phase != v1.PhaseReady {
 				return fmt.Errorf("cluster %s is %q, not Ready: wait for it (`socialweb cluster get %s`) and run this again", c.Name, c.Status.Phase, c.Name)
+			}
+			// Fit the job requests to the cluster's nodes before anything is made in it.
+			var settings gitlab.Settings
+			if !revoke {
+				settings, err = jobs.ForNode(c.Name, gitlab.NodeSize{
+					CPUs: int64(c.Spec.NodeCPUs), Memory: c.Spec.NodeMemory, MaxPods: int(c.Spec.PodsPerNode),
+				})
+				if err != nil {
+					return usageError{err}
+				}
 			}
 			admin, err := m.adminKubeconfig(ctx, c)
 			if err != nil {
@@ -85,17 +101,23 @@ invalidates every token minted for it.`,
 				return err
 			}
 			cred := gitlab.Credential{Grant: grant, Cluster: c.Name, Server: cfg.Host, CA: cfg.CAData, Token: token, Expires: expires}
-			kubeconfig, err := cred.Kubeconfig()
-			if err != nil {
-				return err
-			}
 			fmt.Fprintf(os.Stderr, "minted a token for %s in cluster %s, namespace %s, valid until %s\n",
 				grant.Username(), c.Name, grant.Namespace, expires.UTC().Format(time.RFC3339))
 			if out == "" {
+				kubeconfig, err := cred.Kubeconfig()
+				if err != nil {
+					return err
+				}
 				_, err = os.Stdout.Write(kubeconfig)
 				return err
 			}
-			return writeRunnerFiles(out, cred, kubeconfig)
+			if err := gitlab.WriteOutDir(out, cred, settings); err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "wrote %s, %s and %s in %s: job Pods ask for %dm CPU and %dMi each (nodes of %s), poll_timeout %s, output_limit %d KiB\n",
+				gitlab.KubeconfigFile, gitlab.CAFile, gitlab.TemplateFile, out,
+				settings.PodCPUMilli, (settings.PodMemory+1<<20-1)>>20, settings.Node, settings.PollTimeout, settings.LogLimitKiB)
+			return nil
 		},
 	}
 	f := cmd.Flags()
@@ -104,38 +126,21 @@ invalidates every token minted for it.`,
 	f.DurationVar(&grant.TTL, "ttl", grant.TTL, fmt.Sprintf("how long the token is accepted (%s to %s)", gitlab.MinTTL, gitlab.MaxTTL))
 	f.StringVar(&out, "out", "", "write kubeconfig, ca.crt and config.template.toml into this directory instead of printing the kubeconfig")
 	f.BoolVar(&revoke, "revoke", false, "delete the ServiceAccount (every token minted for it stops working), Role and RoleBinding")
+
+	// The template's job settings (config.template.toml, with --out).
+	f.StringVar(&jobs.JobCPU, "job-cpu", "", "CPU request of the build container (e.g. 500m, 2); default: a node's CPUs / --jobs-per-node, less the helper and services")
+	f.StringVar(&jobs.JobMemory, "job-memory", "", "memory request of the build container (e.g. 1Gi); default: a node's schedulable memory / --jobs-per-node, less the helper and services")
+	f.StringVar(&jobs.HelperCPU, "helper-cpu", jobs.HelperCPU, "CPU request of the helper container (clone, artifacts)")
+	f.StringVar(&jobs.HelperMemory, "helper-memory", jobs.HelperMemory, "memory request of the helper container")
+	f.StringVar(&jobs.ServiceCPU, "service-cpu", jobs.ServiceCPU, "CPU request of each service container")
+	f.StringVar(&jobs.ServiceMemory, "service-memory", jobs.ServiceMemory, "memory request of each service container")
+	f.IntVar(&jobs.ServicesPerJob, "services-per-job", jobs.ServicesPerJob, fmt.Sprintf("services a job Pod is sized for (0 to %d; 0: services get no request)", gitlab.MaxServicesPerJob))
+	f.IntVar(&jobs.JobsPerNode, "jobs-per-node", jobs.JobsPerNode, fmt.Sprintf("job Pods a node is shared by when the build requests are derived (1 to %d)", gitlab.MaxJobsPerNode))
+	f.BoolVar(&jobs.OneJobPerNode, "one-job-per-node", false, "never put two job Pods on one node (required pod anti-affinity on kubernetes.io/hostname)")
+	f.DurationVar(&jobs.PollTimeout, "poll-timeout", jobs.PollTimeout, fmt.Sprintf("how long the runner waits for a job Pod to run: a node boot (%s, the daemon's default --node-boot-timeout) plus image pulls; %s to %s", gitlab.NodeBootDeadline, gitlab.NodeBootDeadline, gitlab.MaxPollTimeout))
+	f.DurationVar(&jobs.PollInterval, "poll-interval", jobs.PollInterval, fmt.Sprintf("how often the runner checks a waiting job Pod (%s to %s)", gitlab.MinPollInterval, gitlab.MaxPollInterval))
+	f.StringVar(&jobs.LogLimit, "log-limit", jobs.LogLimit, "size at which the runner stops collecting a job's log (output_limit; 1Mi to 1Gi; the runner's own default is 4Mi)")
+	f.StringVar(&jobs.HelperImage, "helper-image", "", "helper image the nodes pull from the host registry (${CI_RUNNER_VERSION} allowed); default: the runner's own")
 	documentEnv(f)
 	return cmd
-}
-
-// writeRunnerFiles writes the runner's files into dir (0700), secrets 0600; each file
-// appears whole or not at all.
-func writeRunnerFiles(dir string, cred gitlab.Credential, kubeconfig []byte) error {
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return fmt.Errorf("--out %s: %w", dir, err)
-	}
-	if err := os.MkdirAll(abs, 0o700); err != nil {
-		return fmt.Errorf("--out %s: %w", dir, err)
-	}
-	caPath := filepath.Join(abs, runnerCAFile)
-	template, err := cred.RunnerTemplate(caPath)
-	if err != nil {
-		return err
-	}
-	for _, f := range []struct {
-		name string
-		data []byte
-		mode os.FileMode
-	}{
-		{runnerCAFile, cred.CA, 0o644},
-		{runnerKubeconfigFile, kubeconfig, 0o600},
-		{runnerTemplateFile, template, 0o600},
-	} {
-		if err := atomicfile.Write(filepath.Join(abs, f.name), f.data, f.mode); err != nil {
-			return err
-		}
-	}
-	fmt.Fprintf(os.Stderr, "wrote %s, %s and %s in %s\n", runnerKubeconfigFile, runnerCAFile, runnerTemplateFile, abs)
-	return nil
 }

@@ -52,6 +52,7 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.BoolVar(&o.NodeNetwork, "node-network", true, "create each cluster's bridge, NAT and isolation rules (needs root); false keeps clusters loopback-only, without nodes")
 	f.StringVar(&o.NodeImage, "node-image", "", `node image directory (the "dir" that `+"`socialweb image build`"+` prints); empty keeps clusters at zero nodes`)
 	f.DurationVar(&o.NodeBootTimeout, "node-boot-timeout", 5*time.Minute, "how long a node VM may take to register its Node before it is reported on the Cluster and deleted; a registered node not yet Ready counts as capacity for as long")
+	f.StringVar(&o.Accel, "accel", "auto", "node accelerator: auto (KVM if a guest of the node image boots under it, checked once per host boot, else TCG), kvm (refused at start where no guest boots under it) or tcg")
 	f.StringVar(&o.MetricsAddress, "metrics-address", "127.0.0.1:7080", `Prometheus /metrics listen address ("" disables)`)
 	f.Int32Var(&o.Defaults.MaxNodes, "default-max-nodes", 5, "max worker nodes of a cluster that does not say")
 	f.DurationVar(&o.Defaults.Hold, "default-hold", time.Minute, "idle time before a node is removed, for a cluster that does not say")

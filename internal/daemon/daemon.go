@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/lease"
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
+	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
 	"github.com/socialweb-computer/socialweb/internal/pki"
 	"github.com/socialweb-computer/socialweb/internal/provider"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
@@ -56,9 +58,12 @@ type Options struct {
 	// NodeBootTimeout is how long a node VM may take to register before it is reported
 	// on its Cluster (NodeBoot condition, Event, console lines) and deleted.
 	NodeBootTimeout time.Duration
-	MetricsAddress  string
-	Executable      string
-	Defaults        provider.Defaults
+	// Accel is the node accelerator asked for: auto (KVM if a guest of the node image
+	// boots under it, else TCG), kvm (refused at start where it does not) or tcg.
+	Accel          string
+	MetricsAddress string
+	Executable     string
+	Defaults       provider.Defaults
 	// ControlPlaneEnv is added to every control-plane process.
 	ControlPlaneEnv []string
 }
@@ -69,11 +74,13 @@ type validated struct {
 	ports    lease.Range
 	networks lease.Range
 	store    datastore.Store
+	// verdict is the node accelerator chosen by probing (nil without a node image).
+	verdict *qemu.Verdict
 }
 
 // Validate checks everything that can be checked before anything is
 // created, so bad input changes nothing.
-func Validate(ctx context.Context, o Options) (validated, error) {
+func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, error) {
 	v := validated{Options: o}
 	if o.StateDir == "" {
 		return v, errors.New("--state-dir is required (or $SOCIALWEB_STATE_DIR)")
@@ -101,6 +108,10 @@ func Validate(ctx context.Context, o Options) (validated, error) {
 	if o.NodeBootTimeout < 0 {
 		return v, fmt.Errorf("--node-boot-timeout %s: want a positive duration such as 5m (0 means the default)", o.NodeBootTimeout)
 	}
+	mode, err := qemu.ParseAccel(o.Accel)
+	if err != nil {
+		return v, fmt.Errorf("--accel: %w", err)
+	}
 	if o.NodeImage != "" {
 		if _, err := nodeimage.ReadManifest(o.NodeImage); err != nil {
 			return v, fmt.Errorf("--node-image %s is not a node image (%v): build one with `socialweb image build` and pass the dir it prints", o.NodeImage, err)
@@ -117,12 +128,38 @@ func Validate(ctx context.Context, o Options) (validated, error) {
 			return v, fmt.Errorf("finding own executable: %w", err)
 		}
 	}
+	if o.NodeImage != "" {
+		// Last, as the slowest check, and before anything is created: --accel kvm where
+		// no guest of the image boots under KVM is refused here.
+		verdict, err := qemu.SelectAccel(ctx, mode, qemu.ProbeConfig{ImageDir: o.NodeImage, CacheDir: nodeimage.DefaultCacheDir(), Log: log})
+		if err != nil {
+			return v, err
+		}
+		v.verdict = &verdict
+		attrs := []any{"accel", verdict.Accel, "reason", verdict.Reason}
+		if r := verdict.Probe; r != nil {
+			attrs = append(attrs, "probeBooted", r.Booted, "probeTook", r.Took.Round(time.Millisecond), "probeCached", r.Cached,
+				"kernel", r.Kernel, "qemu", r.Qemu, "console", lastLine(r.Console))
+		}
+		log.Info("node accelerator chosen", attrs...)
+	} else if mode == qemu.AccelKVM {
+		log.Warn("--accel kvm without --node-image: there is no node kernel to probe, and no node will boot")
+	}
 	return v, nil
+}
+
+// lastLine is the last non-empty line of s.
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
 }
 
 // Run serves until ctx ends, then stops every process it started.
 func Run(ctx context.Context, o Options, log *slog.Logger) error {
-	v, err := Validate(ctx, o)
+	v, err := Validate(ctx, o, log)
 	if err != nil {
 		return err
 	}

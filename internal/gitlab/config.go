@@ -2,8 +2,11 @@ package gitlab
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/BurntSushi/toml"
 
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -36,28 +39,155 @@ func (c Credential) Kubeconfig() ([]byte, error) {
 }
 
 // RunnerTemplate is a config.toml template for `gitlab-runner register --template-config`:
-// the kubernetes executor's connection and namespace, without the GitLab URL and runner
-// token, which `register` adds. caFile is where the CA PEM is written for the runner.
-func (c Credential) RunnerTemplate(caFile string) ([]byte, error) {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# socialweb: kubernetes executor for cluster %s, namespace %s, as %s.\n", c.Cluster, c.Namespace, c.Username())
-	fmt.Fprintf(&b, "# The token expires %s; mint another with `socialweb cluster runner-credential %s`.\n", c.Expires.UTC().Format(time.RFC3339), c.Cluster)
-	b.WriteString("[[runners]]\n")
-	b.WriteString("  executor = \"kubernetes\"\n")
-	b.WriteString("  [runners.kubernetes]\n")
-	for _, kv := range []struct{ key, value string }{
-		{"host", c.Server},
-		{"ca_file", caFile},
-		{"bearer_token", c.Token},
-		{"namespace", c.Namespace},
-	} {
-		v, err := tomlString(kv.value)
-		if err != nil {
-			return nil, fmt.Errorf("runner config %s: %w", kv.key, err)
-		}
-		fmt.Fprintf(&b, "    %s = %s\n", kv.key, v)
+// the kubernetes executor's connection and namespace, and the job settings s with a
+// comment on each saying why; without the GitLab URL and runner token, which `register`
+// adds. caFile is where the CA PEM is written for the runner.
+func (c Credential) RunnerTemplate(caFile string, s Settings) ([]byte, error) {
+	w := &tomlWriter{}
+	w.comment(0, "socialweb: kubernetes executor for cluster %s, namespace %s, as %s.\n"+
+		"The token expires %s; mint another with `socialweb cluster runner-credential %s`.\n"+
+		"Written for this cluster's nodes (%s each; %dm CPU and %dMi of memory schedulable):\n"+
+		"run runner-credential again after changing them. GitLab Runner ignores a key it does not\n"+
+		"know, so check a name against its [runners.kubernetes] documentation before adding one.",
+		c.Cluster, c.Namespace, c.Username(), c.Expires.UTC().Format(time.RFC3339), c.Cluster,
+		s.Node, s.SchedulableCPUMilli, s.SchedulableMemory>>20)
+	w.line(0, "[[runners]]")
+	w.str(1, "executor", "kubernetes")
+	w.comment(1, "The runner stops collecting a job's log at output_limit KiB (its default, %d, is 4 MiB,\n"+
+		"which a verbose test run exceeds); the job goes on, its log does not. %d KiB = %s (--log-limit).",
+		RunnerLogLimitKiB, s.LogLimitKiB, s.LogLimit)
+	w.int(1, "output_limit", s.LogLimitKiB)
+	w.line(1, "[runners.kubernetes]")
+	w.str(2, "host", c.Server)
+	w.str(2, "ca_file", caFile)
+	w.str(2, "bearer_token", c.Token)
+	w.str(2, "namespace", c.Namespace)
+
+	w.comment(2, "Seconds the runner waits for a job Pod to run. This cluster starts at zero nodes, so that\n"+
+		"includes a node boot: up to the daemon's --node-boot-timeout (%s by default; the Cluster\n"+
+		"does not say, so that default is the floor here), then %s to pull the job's images.\n"+
+		"Measured under TCG: 78-104 s for one new node, 227-236 s for four at once; the runner's\n"+
+		"default of %d s fails jobs that start together (--poll-timeout).",
+		NodeBootDeadline, PullAllowance, int64(RunnerPollTimeout/time.Second))
+	w.int(2, "poll_timeout", int64(s.PollTimeout/time.Second))
+	w.comment(2, "Seconds between the runner's looks at a waiting Pod: a node boot takes tens of seconds,\n"+
+		"so this costs a job little and keeps the tenant apiserver quiet (--poll-interval).")
+	w.int(2, "poll_interval", int64(s.PollInterval/time.Second))
+	w.comment(2, "Nodes pull from the host registry; if-not-present reuses an image a node already has\n"+
+		"instead of asking the registry again for every job.")
+	w.str(2, "pull_policy", "if-not-present")
+
+	w.comment(2, "Requests, not limits. The scheduler and socialweb's scale decision place a Pod by its\n"+
+		"requests, so these decide how many nodes boot and how jobs share them. A container with\n"+
+		"a limit and no request is given the limit as its request: helper_cpu_limit = 1 alone made\n"+
+		"each job Pod ask for about 2.1 CPU, which a 2-vCPU node refused. No limits are set, so a\n"+
+		"job may use all of its node; if you add a limit, keep the request beside it.\n"+
+		"%s\n"+
+		"CPU: %s = %dm of the node's %dm.\n"+
+		"Memory: %s = %dMi of the node's %dMi.",
+		s.sizedFor(),
+		s.sum(s.BuildCPU, s.HelperCPU, s.ServiceCPU), int64(s.JobsPerNode)*s.PodCPUMilli, s.SchedulableCPUMilli,
+		s.sum(s.BuildMemory, s.HelperMemory, s.ServiceMemory), ceilMi(int64(s.JobsPerNode)*s.PodMemory), s.SchedulableMemory>>20)
+	switch {
+	case s.DerivedCPU && s.DerivedMemory:
+		w.comment(2, "The build requests are the node's share less the helper and services (--job-cpu, --job-memory).")
+	case s.DerivedCPU:
+		w.comment(2, "The build CPU request is the node's share less the helper and services (--job-cpu).")
+	case s.DerivedMemory:
+		w.comment(2, "The build memory request is the node's share less the helper and services (--job-memory).")
 	}
-	return []byte(b.String()), nil
+	w.str(2, "cpu_request", s.BuildCPU.String())
+	w.str(2, "memory_request", s.BuildMemory.String())
+	w.str(2, "helper_cpu_request", s.HelperCPU.String())
+	w.str(2, "helper_memory_request", s.HelperMemory.String())
+	if s.ServicesPerJob > 0 {
+		w.comment(2, "Each service container asks for these, so a job with more services than planned above\n"+
+			"may fit no node (--services-per-job, --service-cpu, --service-memory).")
+		w.str(2, "service_cpu_request", s.ServiceCPU.String())
+		w.str(2, "service_memory_request", s.ServiceMemory.String())
+	} else {
+		w.comment(2, "Services get no request (--services-per-job 0): they never keep a job Pod off a node,\n"+
+			"and they are the first to go when a node runs out of memory.")
+	}
+	if s.HelperImage != "" {
+		w.comment(2, "The helper (clone, artifacts, cache) runs this image; nodes pull it from the host\n"+
+			"registry, so push it there first (--helper-image).")
+		w.str(2, "helper_image", s.HelperImage)
+	} else {
+		w.comment(2, "helper_image is not set: the runner uses registry.gitlab.com/gitlab-org/gitlab-runner/\n"+
+			"gitlab-runner-helper:x86_64-v<its version>. Nodes pull only from the host registry: push\n"+
+			"that image there (`socialweb image push --ref`) or name your copy with --helper-image.")
+	}
+	if s.OneJobPerNode {
+		const term = "[runners.kubernetes.affinity.pod_anti_affinity.required_during_scheduling_ignored_during_execution"
+		w.comment(2, "One job per node (--one-job-per-node): every job Pod carries %s, and no two Pods\n"+
+			"with it may share a node (kubernetes.io/hostname), so each job gets a node of its own and the\n"+
+			"scale decision boots one per waiting job, up to the cluster's --max-nodes.", JobLabel)
+		w.line(2, "[runners.kubernetes.pod_labels]")
+		w.str(3, JobLabel, "true")
+		w.line(2, "[runners.kubernetes.affinity]")
+		w.line(3, "[runners.kubernetes.affinity.pod_anti_affinity]")
+		w.line(4, "["+term+"]]")
+		w.str(5, "topology_key", "kubernetes.io/hostname")
+		w.line(5, term+".label_selector]")
+		w.line(6, "["+term+".label_selector.match_expressions]]")
+		w.str(7, "key", JobLabel)
+		w.str(7, "operator", "Exists")
+	}
+	if w.err != nil {
+		return nil, fmt.Errorf("runner config template: %w", w.err)
+	}
+	// A template GitLab Runner cannot parse fails at register time, far from here.
+	var doc map[string]any
+	if _, err := toml.Decode(w.b.String(), &doc); err != nil {
+		return nil, fmt.Errorf("runner config template does not parse as TOML: %w", err)
+	}
+	return []byte(w.b.String()), nil
+}
+
+// tomlWriter writes indented TOML with comments; the first bad value is kept in err.
+type tomlWriter struct {
+	b   strings.Builder
+	err error
+}
+
+func (w *tomlWriter) line(depth int, s string) {
+	w.b.WriteString(strings.Repeat("  ", depth))
+	w.b.WriteString(s)
+	w.b.WriteByte('\n')
+}
+
+// comment writes each line of the formatted text as a comment.
+func (w *tomlWriter) comment(depth int, format string, args ...any) {
+	for _, l := range strings.Split(fmt.Sprintf(format, args...), "\n") {
+		w.line(depth, "# "+l)
+	}
+}
+
+// key quotes k unless it is a bare TOML key.
+func (w *tomlWriter) key(k string) string {
+	for _, r := range k {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			q, err := tomlString(k)
+			if err != nil && w.err == nil {
+				w.err = fmt.Errorf("key %w", err)
+			}
+			return q
+		}
+	}
+	return k
+}
+
+func (w *tomlWriter) str(depth int, k, v string) {
+	q, err := tomlString(v)
+	if err != nil && w.err == nil {
+		w.err = fmt.Errorf("%s: %w", k, err)
+	}
+	w.line(depth, w.key(k)+" = "+q)
+}
+
+func (w *tomlWriter) int(depth int, k string, v int64) {
+	w.line(depth, w.key(k)+" = "+strconv.FormatInt(v, 10))
 }
 
 // tomlString quotes s as a TOML basic string. Control characters have no place in a

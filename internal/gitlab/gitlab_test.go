@@ -289,7 +289,8 @@ func TestRunnerTemplate(t *testing.T) {
 		err    string
 	}{
 		{"kubernetes executor section", func(*Credential) {}, "/etc/gitlab-runner/ci/ca.crt", []string{
-			"[[runners]]\n  executor = \"kubernetes\"\n  [runners.kubernetes]\n",
+			"[[runners]]\n  executor = \"kubernetes\"\n",
+			"  [runners.kubernetes]\n    host = ",
 			`    host = "https://10.250.1.1:7500"` + "\n",
 			`    ca_file = "/etc/gitlab-runner/ci/ca.crt"` + "\n",
 			`    bearer_token = "eyJhbGciOi.payload.sig"` + "\n",
@@ -303,7 +304,7 @@ func TestRunnerTemplate(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := credential()
 			tt.change(&c)
-			b, err := c.RunnerTemplate(tt.caFile)
+			b, err := c.RunnerTemplate(tt.caFile, defaultSettings(t))
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("RunnerTemplate err = %v, want %q", err, tt.err)

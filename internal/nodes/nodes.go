@@ -48,6 +48,24 @@ type Diagnoser interface {
 	Diagnose(name string) string
 }
 
+// EarlyBootWatcher is implemented by providers that can tell a machine stuck before its
+// guest kernel got going (a VMM that runs but a kernel that never starts, as under a KVM
+// that cannot run the image's kernel). The driver reports such a machine as
+// EarlyBootStall and deletes it, well before its boot timeout.
+type EarlyBootWatcher interface {
+	// EarlyBootStall returns why machine name is stuck in early boot, or "" if it is not
+	// (it showed progress, is still within its deadline, or is unknown).
+	EarlyBootStall(name string) string
+}
+
+// AcceleratorReporter is implemented by providers whose machines run under a chosen
+// accelerator (kvm, tcg). The choice may change while the provider runs; the driver
+// shows the current one on its Cluster.
+type AcceleratorReporter interface {
+	// Accelerator returns the accelerator new machines get and why.
+	Accelerator() (name, reason string)
+}
+
 // NodeRequest describes one node to boot.
 type NodeRequest struct {
 	// Cluster is the tenant cluster the node joins.

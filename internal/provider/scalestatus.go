@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -67,6 +68,12 @@ func (s ScaleStatus) RecordNodeBoot(ctx context.Context, cluster string, ok bool
 // RecordNodeNetwork sets the NodeNetwork condition.
 func (s ScaleStatus) RecordNodeNetwork(ctx context.Context, cluster string, ok bool, reason, message string) error {
 	return s.setCondition(ctx, cluster, v1.ConditionNodeNetwork, ok, reason, message)
+}
+
+// RecordNodeAccelerator sets the NodeAccelerator condition: True, with the accelerator
+// (KVM or TCG) as its reason and why as its message.
+func (s ScaleStatus) RecordNodeAccelerator(ctx context.Context, cluster, accel, why string) error {
+	return s.setCondition(ctx, cluster, v1.ConditionNodeAccelerator, true, strings.ToUpper(accel), why)
 }
 
 func (s ScaleStatus) setCondition(ctx context.Context, cluster, conditionType string, ok bool, reason, message string) error {

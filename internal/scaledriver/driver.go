@@ -106,6 +106,9 @@ type StatusRecorder interface {
 	// RecordNodeNetwork reports the nodes' own network health (nodehealth conditions):
 	// ok when no node reports a problem, else the problems, one per line.
 	RecordNodeNetwork(ctx context.Context, cluster string, ok bool, reason, message string) error
+	// RecordNodeAccelerator reports the accelerator new nodes boot under (kvm, tcg) and
+	// why; called when the provider implements nodes.AcceleratorReporter and it changed.
+	RecordNodeAccelerator(ctx context.Context, cluster, accel, reason string) error
 }
 
 // Deps are the driver's collaborators. Tenant and Provider are required.
@@ -160,6 +163,8 @@ type Driver struct {
 	booting   map[string]time.Time // machines seen booting (name -> created); guarded by passMu
 	// network is the node network report last recorded ("" before the first); guarded by passMu.
 	network string
+	// accel is the accelerator report last recorded ("" before the first); guarded by passMu.
+	accel string
 }
 
 // New builds a driver; it registers metrics but does no I/O.

@@ -54,6 +54,7 @@ type recStatus struct {
 	calls   []statusCall
 	boots   []bootCall
 	network []bootCall
+	accels  []string
 }
 
 type bootCall struct {
@@ -89,6 +90,22 @@ func (s *recStatus) RecordNodeNetwork(_ context.Context, c string, ok bool, reas
 	defer s.mu.Unlock()
 	s.network = append(s.network, bootCall{ok, reason, message})
 	return nil
+}
+
+func (s *recStatus) RecordNodeAccelerator(_ context.Context, c, accel, reason string) error {
+	if c != cluster {
+		return fmt.Errorf("cluster %q", c)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.accels = append(s.accels, accel+": "+reason)
+	return nil
+}
+
+func (s *recStatus) getAccels() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.accels)
 }
 
 func (s *recStatus) getNetwork() []bootCall {
@@ -856,4 +873,90 @@ func TestNodeNetworkProblemsReachTheCluster(t *testing.T) {
 		}
 	}
 	assertEvent(t, r.client, "NodeNetworkProblem", "node n1: ClusterDNSUnavailable: no answer")
+}
+
+// stallingProvider is a fake whose machines named in stalled are stuck in early boot, and
+// which reports an accelerator the test can change.
+type stallingProvider struct {
+	*fake.Provider
+	mu          sync.Mutex
+	stalled     map[string]bool
+	accel, why  string
+	stallChecks int
+}
+
+func (p *stallingProvider) EarlyBootStall(name string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stallChecks++
+	if p.stalled[name] {
+		return "node " + name + ": no kernel progress 30s after qemu started under kvm"
+	}
+	return ""
+}
+
+func (p *stallingProvider) Accelerator() (string, string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accel, p.why
+}
+
+// A machine stuck in early boot is reported as EarlyBootStall and replaced long before
+// BootTimeout; the Cluster is told the accelerator once, and again when it changes.
+func TestEarlyBootStallAndAccelerator(t *testing.T) {
+	client := k8sfake.NewClientset(testPod("a"))
+	c := &clock{t: t0}
+	prov := &stallingProvider{Provider: fake.New(fake.WithClock(c.now)), stalled: map[string]bool{},
+		accel: "kvm", why: "KVM: a guest booted"}
+	status := &recStatus{}
+	d, err := New(Config{Cluster: cluster, NodeSize: testSize, MaxNodes: 3, BootTimeout: 5 * time.Minute},
+		Deps{Tenant: client, Provider: prov, Status: status, Clock: c.now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if dec, err := d.RunPass(ctx); err != nil || dec.Action != scale.Provision {
+		t.Fatalf("first pass: %s, %v", dec, err)
+	}
+	ins, _ := prov.List(ctx)
+	if len(ins) != 1 {
+		t.Fatalf("%d machines, want 1", len(ins))
+	}
+	prov.mu.Lock()
+	prov.stalled[ins[0].Name] = true
+	prov.accel, prov.why = "tcg", "TCG, because 2 node boots in a row stalled in early boot under KVM"
+	prov.mu.Unlock()
+
+	c.advance(40 * time.Second) // far inside the 5m BootTimeout
+	dec, err := d.RunPass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dec.Action != scale.Provision || prov.Count(fake.OpDelete) != 1 || prov.Count(fake.OpCreate) != 2 {
+		t.Fatalf("after the stall: %s, %d deletes, %d creates; want the stuck machine deleted and replaced",
+			dec, prov.Count(fake.OpDelete), prov.Count(fake.OpCreate))
+	}
+	boots := status.getBoots()
+	if len(boots) != 1 || boots[0].ok || boots[0].reason != "EarlyBootStall" || !strings.Contains(boots[0].message, "no kernel progress") {
+		t.Errorf("NodeBoot reports %+v, want one EarlyBootStall (not JoinTimeout)", boots)
+	}
+	assertEvent(t, client, "NodeEarlyBootStall", "no kernel progress")
+	if got := testutil.ToFloat64(d.metrics.nodeFails.WithLabelValues(cluster, "EarlyBootStall")); got != 1 {
+		t.Errorf("socialweb_node_failures_total{reason=EarlyBootStall} = %v, want 1", got)
+	}
+	accels := status.getAccels()
+	if len(accels) != 2 || !strings.HasPrefix(accels[0], "kvm: ") || !strings.HasPrefix(accels[1], "tcg: ") {
+		t.Errorf("accelerator reports %q; want kvm at the first pass, then tcg", accels)
+	}
+	assertEvent(t, client, "NodeAcceleratorChanged", "stalled in early boot")
+	c.advance(10 * time.Second)
+	if _, err := d.RunPass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(status.getAccels()); n != 2 {
+		t.Errorf("%d accelerator reports after an unchanged pass, want 2", n)
+	}
 }

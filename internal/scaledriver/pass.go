@@ -40,6 +40,7 @@ func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
 		d.joined(ctx, j)
 	}
 	d.reportNetwork(ctx, o.Nodes)
+	d.reportAccelerator(ctx)
 	dec, err := scale.Decide(o)
 	if err != nil {
 		return scale.Decision{}, fmt.Errorf("scaledriver: cluster %s: %w", d.cfg.Cluster, err)
@@ -150,6 +151,12 @@ func (d *Driver) observe(ctx context.Context) (scale.Observed, []failedMachine, 
 				joined = append(joined, joinedMachine{name: in.Name, took: o.Now.Sub(created)})
 			}
 		case o.Now.Sub(in.Created) < d.cfg.BootTimeout:
+			if why := d.earlyBootStall(in.Name); why != "" {
+				// Its kernel never started: waiting out BootTimeout would only delay the
+				// Pods that wait for it.
+				failed = append(failed, failedMachine{name: in.Name, reason: "EarlyBootStall", message: why})
+				continue
+			}
 			o.Booting = append(o.Booting, in.Name)
 			booting[in.Name] = in.Created
 		default:
@@ -230,6 +237,39 @@ func (d *Driver) reportNetwork(ctx context.Context, ns []*corev1.Node) {
 		return
 	}
 	d.network = report
+}
+
+// earlyBootStall asks the provider, if it can tell, whether a machine is stuck before its
+// kernel started.
+func (d *Driver) earlyBootStall(name string) string {
+	if w, ok := d.provider.(nodes.EarlyBootWatcher); ok {
+		return w.EarlyBootStall(name)
+	}
+	return ""
+}
+
+// reportAccelerator records the provider's accelerator on the Cluster when it changed (at
+// the first pass, and when the provider turns KVM off). A failed report is tried again
+// next pass.
+func (d *Driver) reportAccelerator(ctx context.Context) {
+	r, ok := d.provider.(nodes.AcceleratorReporter)
+	if !ok || d.status == nil {
+		return
+	}
+	accel, why := r.Accelerator()
+	report := accel + "\n" + why
+	if report == d.accel {
+		return
+	}
+	if d.accel != "" {
+		d.log.Warn("node accelerator changed", "accel", accel, "reason", why)
+		d.event(ctx, scale.Decision{}, corev1.EventTypeWarning, "NodeAcceleratorChanged", why)
+	}
+	if err := d.status.RecordNodeAccelerator(ctx, d.cfg.Cluster, accel, why); err != nil {
+		d.log.Error("record the node accelerator in the cluster status", "err", err)
+		return
+	}
+	d.accel = report
 }
 
 // joined records that a node registered.

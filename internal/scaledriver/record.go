@@ -79,7 +79,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"cluster"}),
 		nodeFails: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "socialweb_node_failures_total",
-			Help: "Machines deleted because their VM stopped on its own (VMExited) or their Node did not register in time (JoinTimeout).",
+			Help: "Machines deleted because their VM stopped on its own (VMExited), their kernel never started (EarlyBootStall) or their Node did not register in time (JoinTimeout).",
 		}, []string{"cluster", "reason"}),
 	}
 	if reg == nil {

@@ -32,6 +32,10 @@ func TestRunnerCredential(t *testing.T) {
 	ctx := ctxT(t, 5*time.Minute)
 
 	// Bad input: a clear error, non-zero exit, and nothing made in the cluster.
+	notADir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notADir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -41,6 +45,10 @@ func TestRunnerCredential(t *testing.T) {
 		{[]string{"ci", "--ttl", "1m"}, "ttl 1m0s is outside"},
 		{[]string{"ci", "--revoke", "--out", t.TempDir()}, "--revoke and --out"},
 		{[]string{"nosuch"}, `cluster "nosuch" not found`},
+		{[]string{"ci", "--poll-timeout", "1m"}, "shorter than a node boot"},
+		{[]string{"ci", "--log-limit", "4096"}, `--log-limit "4096"`},
+		{[]string{"ci", "--job-cpu", "64"}, "a job Pod asks for"},
+		{[]string{"ci", "--out", notADir}, "is a file, not a directory"},
 	} {
 		out, errOut, code := d.cli(append([]string{"cluster", "runner-credential"}, tc.args...)...)
 		if code == 0 || !strings.Contains(errOut, tc.want) || strings.Contains(out, "token") {
@@ -57,7 +65,7 @@ func TestRunnerCredential(t *testing.T) {
 
 	// Mint: files for `gitlab-runner register --template-config`.
 	dir := filepath.Join(t.TempDir(), "runner")
-	_, errOut, code := d.cli("cluster", "runner-credential", "ci", "--ttl", "1h", "--out", dir)
+	_, errOut, code := d.cli("cluster", "runner-credential", "ci", "--ttl", "1h", "--one-job-per-node", "--out", dir)
 	if code != 0 {
 		t.Fatalf("runner-credential ci --out: exit %d: %s", code, errOut)
 	}
@@ -70,7 +78,9 @@ func TestRunnerCredential(t *testing.T) {
 	}
 	template, _ := os.ReadFile(filepath.Join(dir, "config.template.toml"))
 	url := d.cluster("ci").Status.URL
-	for _, want := range []string{`executor = "kubernetes"`, `host = "` + url + `"`, `ca_file = "` + filepath.Join(dir, "ca.crt") + `"`, `namespace = "gitlab-runner"`, "bearer_token = "} {
+	for _, want := range []string{`executor = "kubernetes"`, `host = "` + url + `"`, `ca_file = "` + filepath.Join(dir, "ca.crt") + `"`, `namespace = "gitlab-runner"`, "bearer_token = ",
+		"output_limit = 51200", "poll_timeout = 600", `pull_policy = "if-not-present"`, `cpu_request = "`, `helper_memory_request = "`,
+		`topology_key = "kubernetes.io/hostname"`} {
 		if !strings.Contains(string(template), want) {
 			t.Errorf("config.template.toml lacks %q:\n%s", want, template)
 		}

@@ -186,7 +186,7 @@ func TestNewValidation(t *testing.T) {
 		}
 		return dir
 	}
-	noKVM := host{CPUs: 2, MemoryMiB: 4096, KVMErr: os.ErrNotExist}
+	noKVM := host{CPUs: 2, MemoryMiB: 4096, probe: &ProbeResult{DeviceErr: "open /dev/kvm: no such file or directory"}}
 	for _, tc := range []struct {
 		name string
 		mod  func(*Config)
@@ -205,8 +205,8 @@ func TestNewValidation(t *testing.T) {
 		{"missing manifest", func(c *Config) { c.ImageDir = without(nodeimage.FileManifest) }, nil, noKVM,
 			[]string{"has no manifest.json", "socialweb image build"}},
 		{"no image dir", func(c *Config) { c.ImageDir = "" }, nil, noKVM, []string{"socialweb image build"}},
-		{"kvm without /dev/kvm", func(c *Config) { c.Accel = AccelKVM }, nil, noKVM, []string{"/dev/kvm is not usable", "use accel tcg or auto"}},
-		{"unknown accel", func(c *Config) { c.Accel = "hvf" }, nil, noKVM, []string{`accel "hvf"`}},
+		{"kvm without /dev/kvm", func(c *Config) { c.Accel = AccelKVM }, nil, noKVM, []string{"/dev/kvm is not usable", "Use --accel tcg", "--accel auto"}},
+		{"unknown accel", func(c *Config) { c.Accel = "hvf" }, nil, noKVM, []string{`accelerator "hvf"`, "auto, kvm or tcg"}},
 		{"comma in state dir", func(c *Config) { c.StateDir = filepath.Join(t.TempDir(), "a,b") }, nil, noKVM, []string{"comma"}},
 		{"no joiner", nil, func(d *Deps) { d.Joiner = nil }, noKVM, []string{"Deps.Networks, Deps.Joiner and Deps.Plan are required"}},
 		{"two errors at once", func(c *Config) { c.QemuPath = "/nonexistent/qemu"; c.ImageDir = without(nodeimage.FileRootfs) }, nil, noKVM,
@@ -234,20 +234,31 @@ func TestNewValidation(t *testing.T) {
 		})
 	}
 
-	t.Run("auto picks tcg without kvm and kvm with it", func(t *testing.T) {
-		for _, h := range []host{noKVM, {CPUs: 2, MemoryMiB: 4096}} {
+	t.Run("auto follows the probe; a verdict is used as given", func(t *testing.T) {
+		booted := host{CPUs: 2, MemoryMiB: 4096, probe: &ProbeResult{Booted: true, Kernel: "Linux version 6.1"}}
+		stuck := host{CPUs: 2, MemoryMiB: 4096, probe: &ProbeResult{TimedOut: true, Console: "Probing EDD (edd=off to disable)... ok"}}
+		for _, tc := range []struct {
+			name    string
+			h       host
+			verdict *Verdict
+			want    Accel
+		}{
+			{"no device", noKVM, nil, AccelTCG},
+			{"guest booted", booted, nil, AccelKVM},
+			{"guest stuck", stuck, nil, AccelTCG},
+			{"verdict tcg over a booting probe", booted, &Verdict{Accel: AccelTCG, Reason: "r"}, AccelTCG},
+		} {
 			cfg := e.cfg
-			cfg.Accel, cfg.StateDir = AccelAuto, filepath.Join(t.TempDir(), "s")
-			p, err := newProvider(cfg, e.deps, h)
+			cfg.Accel, cfg.Verdict, cfg.StateDir = AccelAuto, tc.verdict, filepath.Join(t.TempDir(), "s")
+			p, err := newProvider(cfg, e.deps, tc.h)
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("%s: %v", tc.name, err)
 			}
-			want := AccelKVM
-			if h.KVMErr != nil {
-				want = AccelTCG
+			if p.Accel() != tc.want {
+				t.Errorf("%s: accel %s, want %s", tc.name, p.Accel(), tc.want)
 			}
-			if p.Accel() != want {
-				t.Errorf("host %+v: accel %s, want %s", h, p.Accel(), want)
+			if _, why := p.Accelerator(); why == "" {
+				t.Errorf("%s: no reason for the accelerator", tc.name)
 			}
 			p.Close()
 		}
@@ -274,7 +285,7 @@ func TestNewValidation(t *testing.T) {
 
 func TestValidateRequest(t *testing.T) {
 	e := newFakeEnv(t)
-	p, err := newProvider(e.cfg, e.deps, host{CPUs: 2, MemoryMiB: 24105, KVMErr: os.ErrNotExist})
+	p, err := newProvider(e.cfg, e.deps, host{CPUs: 2, MemoryMiB: 24105, probe: &ProbeResult{DeviceErr: "no device"}})
 	if err != nil {
 		t.Fatal(err)
 	}

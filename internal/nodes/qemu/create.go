@@ -34,6 +34,9 @@ type instance struct {
 	exitErr  error         // cmd.Wait's result; read only after done is closed
 	started  time.Time     // when our child was started
 	exitedAt time.Time
+
+	progressed bool   // its console showed kernel progress (see EarlyBootStall)
+	stalled    string // why it is stuck in early boot; "" if it is not (known to be)
 }
 
 // alive reports whether the VM's qemu runs (or, during Create, may still come to run).
@@ -154,7 +157,7 @@ func (p *Provider) Create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 	inst.creating = false
 	p.mu.Unlock()
 	log.Info("node VM started", "address", inst.rec.Address, "tap", inst.rec.Tap, "pid", inst.rec.Process.PID,
-		"accel", p.accel, "rootfs", string(method), "clone", cloneTook.Round(time.Millisecond),
+		"accel", inst.rec.Accel, "rootfs", string(method), "clone", cloneTook.Round(time.Millisecond),
 		"qemuUp", time.Since(ts).Round(time.Millisecond), "took", time.Since(t0).Round(time.Millisecond))
 	return p.instanceView(inst, nodes.StateRunning), nil
 }
@@ -281,12 +284,12 @@ func (p *Provider) launchFor(inst *instance) launch {
 	r := inst.rec
 	return launch{
 		Name:         r.Request.Name,
-		Accel:        p.accel,
+		Accel:        r.Accel,
 		CPUs:         r.Request.CPUs,
 		MemoryMiB:    r.Request.MemoryMiB,
 		Kernel:       filepath.Join(p.imageDir, nodeimage.FileKernel),
 		Initrd:       filepath.Join(p.imageDir, nodeimage.FileInitramfs),
-		Cmdline:      kernelCmdline(p.image, p.accel, p.host.TSCkHz),
+		Cmdline:      kernelCmdline(p.image, r.Accel, p.host.TSCkHz),
 		Rootfs:       filepath.Join(inst.dir, fileRootfs),
 		IdentityDisk: filepath.Join(inst.dir, fileIdentity),
 		Tap:          r.Tap,

@@ -95,8 +95,13 @@ func fakeQemu(args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	fmt.Fprintf(con, "[    0.000000] Command line: %s\r\n", opt["-append"][0])
-	fmt.Fprintf(con, "SWQT NAME %s\r\nSWQT ADDRESS %s\r\n", id.NodeName, id.Address)
+	if strings.Contains(name, "edd") { // stuck in the real-mode stub, as under nested PVM
+		fmt.Fprintf(con, "Probing EDD (edd=off to disable)... ok\r\n")
+	} else {
+		fmt.Fprintf(con, "[    0.000000] Linux version 6.1.0-fake (fake qemu)\r\n")
+		fmt.Fprintf(con, "[    0.000000] Command line: %s\r\n", opt["-append"][0])
+		fmt.Fprintf(con, "SWQT NAME %s\r\nSWQT ADDRESS %s\r\n", id.NodeName, id.Address)
+	}
 	if strings.Contains(name, "dies") {
 		go func() { // after Create has seen it running
 			time.Sleep(time.Second)

@@ -48,8 +48,8 @@ const DefaultQemu = "qemu-system-x86_64"
 type Accel string
 
 const (
-	AccelAuto Accel = ""    // kvm if /dev/kvm can be opened read-write, else tcg
-	AccelKVM  Accel = "kvm" // hardware virtualization; fails New without a usable /dev/kvm
+	AccelAuto Accel = ""    // kvm if a guest of the image boots under it (ProbeKVM), else tcg
+	AccelKVM  Accel = "kvm" // hardware virtualization; fails New unless the probe booted a guest
 	AccelTCG  Accel = "tcg" // emulation; works everywhere, several times slower
 )
 
@@ -60,6 +60,12 @@ const (
 	DefaultStopGrace      = 5 * time.Second
 	DefaultHostReserveMiB = 1024
 	DefaultConsolesKept   = 50
+	// DefaultEarlyBootTimeout: a guest whose console shows no kernel progress by then is
+	// stuck before its kernel ran (as under nested PVM). A kernel prints its banner well
+	// within a second of starting, even under TCG on a loaded host.
+	DefaultEarlyBootTimeout = 30 * time.Second
+	// kvmStallsBeforeTCG consecutive early-boot stalls under KVM turn KVM off.
+	kvmStallsBeforeTCG = 2
 )
 
 // Config configures a Provider. Zero values mean the defaults above.
@@ -72,8 +78,16 @@ type Config struct {
 	ImageDir string
 	// QemuPath is the qemu binary; "" means qemu-system-x86_64 from PATH.
 	QemuPath string
-	// Accel chooses the accelerator; AccelAuto picks kvm when /dev/kvm is usable.
+	// Accel chooses the accelerator; AccelAuto picks kvm when ProbeKVM boots a guest of
+	// the image under it. Ignored when Verdict is set.
 	Accel Accel
+	// Verdict, if set, is an accelerator already chosen (SelectAccel), used as is.
+	Verdict *Verdict
+	// ProbeCacheDir keeps KVM probe verdicts (default: nodeimage.DefaultCacheDir()).
+	ProbeCacheDir string
+	// EarlyBootTimeout: a VM whose console shows no kernel progress after this is
+	// reported by EarlyBootStall (default DefaultEarlyBootTimeout).
+	EarlyBootTimeout time.Duration
 	// StartTimeout bounds how long Create waits for qemu to run the guest (its QMP
 	// socket answers and reports "running"). Booting and joining take longer and are
 	// not waited for.
@@ -127,10 +141,11 @@ type Deps struct {
 // host is what the provider knows of the machine it runs on.
 type host struct {
 	CPUs      int
-	MemoryMiB int64  // MemTotal
-	TSCkHz    int64  // for tsc_early_khz= under TCG; 0 if unknown
-	KVMErr    error  // why /dev/kvm is not usable, nil if it is
-	cpuinfo   string // for messages
+	MemoryMiB int64 // MemTotal
+	TSCkHz    int64 // for tsc_early_khz= under TCG; 0 if unknown
+	// probe is what trying KVM showed; nil if it was not tried (see New).
+	probe   *ProbeResult
+	cpuinfo string // for messages
 }
 
 // Provider is the qemu NodeProvider. Create, Delete, List, Exited, ConsoleTail and Info
@@ -141,26 +156,41 @@ type Provider struct {
 	log      *slog.Logger
 	now      func() time.Time
 	qemu     string // resolved binary path
-	accel    Accel  // resolved: kvm or tcg
 	host     host
 	image    *nodeimage.Manifest
 	imageDir string
 	lock     *os.File
 
-	mu        sync.Mutex
-	recovered bool
-	closed    bool
-	insts     map[string]*instance
+	mu          sync.Mutex
+	accel       Accel  // kvm or tcg; KVM falls back to TCG after repeated early-boot stalls
+	accelReason string // why, for logs and each Cluster's NodeAccelerator condition
+	kvmStalls   int    // consecutive KVM boots that stalled early
+	recovered   bool
+	closed      bool
+	insts       map[string]*instance
 }
 
 var _ nodes.NodeProvider = (*Provider)(nil)
 
 // New validates cfg against this host and the image (nothing is booted), takes the state
 // dir's lock and returns a Provider. Call Recover before anything else.
+//
+// Unless cfg.Verdict or cfg.Accel tcg says otherwise, New probes KVM (ProbeKVM, cached
+// per host boot): a usable /dev/kvm is not enough, a guest of the image has to boot.
 func New(cfg Config, deps Deps) (*Provider, error) {
 	h, err := detectHost()
 	if err != nil {
 		return nil, err
+	}
+	if cfg.ProbeCacheDir == "" {
+		cfg.ProbeCacheDir = nodeimage.DefaultCacheDir()
+	}
+	if cfg.Verdict == nil && cfg.Accel != AccelTCG {
+		// A probe that cannot run (no qemu, no image) leaves h.probe nil; newProvider
+		// reports those causes itself.
+		if r, err := ProbeKVM(context.Background(), ProbeConfig{Qemu: cfg.QemuPath, ImageDir: cfg.ImageDir, CacheDir: cfg.ProbeCacheDir, Log: deps.Log}); err == nil {
+			h.probe = &r
+		}
 	}
 	return newProvider(cfg, deps, h)
 }
@@ -177,6 +207,9 @@ func newProvider(cfg Config, deps Deps, h host) (*Provider, error) {
 	}
 	if cfg.JoinTimeout <= 0 {
 		cfg.JoinTimeout = DefaultJoinTimeout
+	}
+	if cfg.EarlyBootTimeout <= 0 {
+		cfg.EarlyBootTimeout = DefaultEarlyBootTimeout
 	}
 	if cfg.StopGrace <= 0 {
 		cfg.StopGrace = DefaultStopGrace
@@ -205,14 +238,18 @@ func newProvider(cfg Config, deps Deps, h host) (*Provider, error) {
 	if p.qemu, err = findQemu(cfg.QemuPath); err != nil {
 		errs = append(errs, err)
 	}
-	if p.accel, err = chooseAccel(cfg.Accel, h); err != nil {
-		errs = append(errs, err)
-	}
 	if p.imageDir, p.image, err = checkImage(cfg.ImageDir); err != nil {
 		errs = append(errs, err)
 	}
 	if err := checkStateDir(&p.cfg); err != nil {
 		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		v, err := resolveAccel(cfg, h)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		p.accel, p.accelReason = v.Accel, v.Reason
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -229,8 +266,20 @@ func newProvider(cfg Config, deps Deps, h host) (*Provider, error) {
 	return p, nil
 }
 
-// Accel reports the accelerator guests run with (kvm or tcg).
-func (p *Provider) Accel() Accel { return p.accel }
+// Accel reports the accelerator new guests run with (kvm or tcg).
+func (p *Provider) Accel() Accel {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accel
+}
+
+// Accelerator implements nodes.AcceleratorReporter: the accelerator new guests run with
+// and why.
+func (p *Provider) Accelerator() (string, string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return string(p.accel), p.accelReason
+}
 
 // JoinTimeout is Config.JoinTimeout with the default applied.
 func (p *Provider) JoinTimeout() time.Duration { return p.cfg.JoinTimeout }
@@ -259,22 +308,19 @@ func findQemu(path string) (string, error) {
 	return found, nil
 }
 
-func chooseAccel(a Accel, h host) (Accel, error) {
-	switch a {
-	case AccelAuto:
-		if h.KVMErr == nil {
-			return AccelKVM, nil
+// resolveAccel is the accelerator of a new provider: the caller's verdict, or the choice
+// from cfg.Accel and the host's probe.
+func resolveAccel(cfg Config, h host) (Verdict, error) {
+	if cfg.Verdict != nil {
+		if cfg.Verdict.Accel != AccelKVM && cfg.Verdict.Accel != AccelTCG {
+			return Verdict{}, fmt.Errorf("accelerator verdict %q: want kvm or tcg", string(cfg.Verdict.Accel))
 		}
-		return AccelTCG, nil
-	case AccelKVM:
-		if h.KVMErr != nil {
-			return "", fmt.Errorf("accel kvm: /dev/kvm is not usable here (%v): use accel tcg or auto", h.KVMErr)
-		}
-		return AccelKVM, nil
-	case AccelTCG:
-		return AccelTCG, nil
+		return *cfg.Verdict, nil
 	}
-	return "", fmt.Errorf("accel %q: use kvm, tcg or empty for auto", string(a))
+	if cfg.Accel != AccelTCG && h.probe == nil {
+		return Verdict{}, errors.New("accelerator: KVM could not be probed on this host: use accel tcg")
+	}
+	return ChooseAccel(cfg.Accel, h.probe)
 }
 
 // checkImage names the first thing missing from an image dir and says how to get one.
