@@ -1,6 +1,6 @@
 // Command nodeboot measures a node's boot, step by step, through the real path: a Pod on
-// a cluster at zero nodes makes the daemon boot a qemu microVM (KVM where /dev/kvm
-// exists, TCG otherwise), which joins and runs the Pod. For each run it prints:
+// a cluster at zero nodes makes the daemon boot a qemu microVM (KVM where a guest boots
+// under it, TCG otherwise), which joins and runs the Pod. For each run it prints:
 //
 //	Pod created -> VMM started (qemu launched by the daemon, host clock)
 //	kernel init   guest uptime when the agent (PID 1) logged its first step
@@ -122,10 +122,15 @@ func main() {
 	k := kubernetes.NewForConfigOrDie(cfg)
 	ctx := context.Background()
 
-	accel := "tcg"
-	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil {
-		f.Close()
-		accel = "kvm"
+	// The daemon's choice (its KVM probe), as the Cluster reports it; /dev/kvm opening
+	// says nothing (nested PVM opens and boots no stock kernel).
+	accel := "accelerator unknown"
+	if out, err := cli("cluster", "get", "boot"); err == nil {
+		if i := strings.Index(out, "type: NodeAccelerator"); i > 0 {
+			if j := strings.LastIndex(out[:i], "reason: "); j >= 0 {
+				accel = strings.Fields(out[j+len("reason: "):])[0]
+			}
+		}
 	}
 	fmt.Printf("%d Pod(s) per run, node size 1 vCPU / %s, %s, image %s\n\n", *pods, *memory, accel, podImage)
 	fmt.Printf("| run | node | Pod->VMM start | kernel init (guest) | agent up (guest) | Pod->registered | Pod->Node Ready | Pod->Pod Running | image pull | qemu RSS | idle qemu CPU |\n|---|---|---|---|---|---|---|---|---|---|---|\n")

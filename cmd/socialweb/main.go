@@ -55,6 +55,7 @@ func newRootCommand() *cobra.Command {
 		newServeCommand(g),
 		newClusterCommand(g),
 		newImageCommand(g),
+		newDownCommand(g),
 		newControlPlaneCommand(),
 	)
 	return root

@@ -170,3 +170,16 @@ func terminate(id Identity, grace time.Duration) error {
 	}
 	return nil
 }
+
+// Running reports the process an instance record names if that exact process still
+// runs. A missing record is not running.
+func Running(recordPath string) (Identity, bool, error) {
+	id, err := readRecord(recordPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return id, false, nil
+	}
+	if err != nil {
+		return id, false, err
+	}
+	return id, id.Alive(), nil
+}

@@ -73,6 +73,7 @@ func TestServeRefusesBadConfigBeforeCreatingAnything(t *testing.T) {
 		{"hold does not parse", []string{"--default-hold", "forever"}, "invalid argument"},
 		{"memory does not parse", []string{"--default-node-memory", "lots"}, "want a quantity"},
 		{"node image that is not one", []string{"--node-image", "/nonexistent/image"}, "socialweb image build"},
+		{"unknown accelerator", []string{"--accel", "hvf"}, "want auto"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -94,6 +95,17 @@ func TestServeRefusesBadConfigBeforeCreatingAnything(t *testing.T) {
 		_, errOut, code := run("cluster", "list", "--state-dir", t.TempDir())
 		if code == 0 || !strings.Contains(errOut, "socialweb serve") {
 			t.Errorf("exit %d, stderr %q; want advice to start the daemon", code, errOut)
+		}
+	})
+	t.Run("bad accelerator twin", func(t *testing.T) {
+		t.Setenv("SOCIALWEB_ACCEL", "xen")
+		state := filepath.Join(t.TempDir(), "s")
+		_, errOut, code := run("serve", "--state-dir", state)
+		if code == 0 || !strings.Contains(errOut, `"xen"`) {
+			t.Errorf("exit %d, stderr %q; want the value refused", code, errOut)
+		}
+		if _, err := os.Stat(state); !os.IsNotExist(err) {
+			t.Errorf("a refused serve created %s", state)
 		}
 	})
 	t.Run("bad environment twin", func(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
@@ -125,6 +126,26 @@ func TestFourStepProof(t *testing.T) {
 		return len(qemusOf(d.stateDir)) == 1
 	})
 	tVM := time.Since(t0)
+	// The Cluster says which accelerator its nodes use and why, and the VM runs under it.
+	var accelCond *metav1.Condition
+	livetest.Eventually(t, time.Minute, 250*time.Millisecond, "the NodeAccelerator condition", func() bool {
+		c := d.cluster("proof")
+		accelCond = meta.FindStatusCondition(c.Status.Conditions, v1.ConditionNodeAccelerator)
+		return accelCond != nil
+	})
+	if accelCond.Reason != "KVM" && accelCond.Reason != "TCG" || accelCond.Message == "" {
+		t.Errorf("step 4: NodeAccelerator %s/%q; want KVM or TCG with why", accelCond.Reason, accelCond.Message)
+	}
+	for pid, args := range qemuCmdlines(d.stateDir) {
+		want := "-accel\x00" + strings.ToLower(accelCond.Reason) + "\x00"
+		if !bytes.Contains(bytes.Join(args, []byte{0}), []byte(want)) {
+			t.Errorf("step 4: qemu %d does not run with -accel %s as the Cluster says (%q)", pid, strings.ToLower(accelCond.Reason), accelCond.Message)
+		}
+	}
+	t.Logf("nodes run under %s: %s", accelCond.Reason, accelCond.Message)
+	if out := d.mustCLI("cluster", "get", "proof"); !strings.Contains(out, "type: NodeAccelerator") {
+		t.Errorf("step 4: socialweb cluster get does not show the NodeAccelerator condition:\n%s", out)
+	}
 
 	// 5. The node joins with its providerID and goes Ready.
 	var node corev1.Node
