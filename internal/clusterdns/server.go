@@ -9,7 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/net/dns/dnsmessage"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -18,16 +19,21 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/dnswire"
 )
 
-// ttl of the answers: short, because Services and endpoints change.
-const ttl = 5
+// maxInflight bounds the UDP queries answered at once (each may wait on the upstream);
+// past it datagrams are dropped and their clients retry, instead of the agent (PID 1)
+// growing without bound under a flood.
+const maxInflight = 256
 
 // Server answers DNS over UDP and TCP from the current Table and forwards names outside
 // the cluster domain to Upstream (over the transport the query came on: a client retries
 // a truncated UDP answer over TCP).
 type Server struct {
 	Upstream string // host:port
-	Log      *slog.Logger
-	table    atomic.Pointer[Table]
+	// Domain is the cluster domain: before the first table its names get SERVFAIL (try
+	// again), not the upstream's NXDOMAIN.
+	Domain string
+	Log    *slog.Logger
+	table  atomic.Pointer[Table]
 	// onListen, when set, sees each new pair of sockets (tests close them to kill the server).
 	onListen func(net.PacketConn, net.Listener)
 }
@@ -62,7 +68,8 @@ func (s *Server) ServeAddr(ctx context.Context, addr string) error {
 func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	buf := make([]byte, 4096)
+	buf := make([]byte, 0xffff) // any datagram whole: a truncated one would parse as garbage
+	inflight := make(chan struct{}, maxInflight)
 	for {
 		n, from, err := conn.ReadFrom(buf)
 		if err != nil {
@@ -71,8 +78,14 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 			}
 			return fmt.Errorf("cluster DNS: reading UDP: %w", err)
 		}
+		select {
+		case inflight <- struct{}{}:
+		default:
+			continue
+		}
 		q := append([]byte(nil), buf[:n]...)
 		go func() {
+			defer func() { <-inflight }()
 			if resp := s.answerSafely(ctx, "udp", q); resp != nil {
 				_, _ = conn.WriteTo(resp, from)
 			}
@@ -124,80 +137,17 @@ func (s *Server) answerSafely(ctx context.Context, network string, query []byte)
 	return s.answer(ctx, network, query)
 }
 
-// Answer returns the response to one query message that came over UDP, or nil to drop it.
-func (s *Server) Answer(ctx context.Context, query []byte) []byte {
-	return s.answer(ctx, "udp", query)
-}
-
-func (s *Server) answer(ctx context.Context, network string, query []byte) []byte {
-	var p dnsmessage.Parser
-	h, err := p.Start(query)
-	if err != nil || h.Response {
-		return nil
-	}
-	q, err := p.Question()
-	if err != nil {
-		return nil
-	}
-	t := s.table.Load()
-	var ips []net.IP
-	exists, inZone := false, false
-	if t != nil {
-		ips, exists, inZone = t.Lookup(q.Name.String())
-	}
-	if !inZone {
-		return s.forward(ctx, network, query)
-	}
-	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired,
-		RecursionAvailable: true, RCode: dnsmessage.RCodeSuccess}
-	if !exists {
-		rh.RCode = dnsmessage.RCodeNameError
-	}
-	b := dnsmessage.NewBuilder(nil, rh)
-	b.EnableCompression()
-	if b.StartQuestions() != nil || b.Question(q) != nil || b.StartAnswers() != nil {
-		return nil
-	}
-	if q.Type == dnsmessage.TypeA || q.Type == dnsmessage.TypeALL {
-		for _, ip := range ips {
-			var a dnsmessage.AResource
-			copy(a.A[:], ip.To4())
-			if b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: ttl}, a) != nil {
-				return nil
-			}
-		}
-	}
-	out, err := b.Finish()
-	if err != nil {
-		return nil
-	}
-	return out
-}
-
-// forward relays a query to the upstream resolver over network and returns its answer
-// (nil if none).
-func (s *Server) forward(ctx context.Context, network string, query []byte) []byte {
-	if s.Upstream == "" {
-		return nil
-	}
-	resp, err := dnswire.Exchange(ctx, network, s.Upstream, query, 5*time.Second)
-	if err != nil {
-		return nil
-	}
-	return resp
-}
-
 // Run serves cluster DNS for domain on addr (UDP and TCP) from the tenant's Services and
 // EndpointSlices until ctx ends. The table is rebuilt on every change once the caches
 // have synced; before that, cluster names are not answered (never wrongly NXDOMAIN). If
 // serving fails it is restarted after a second.
 func Run(ctx context.Context, tenant kubernetes.Interface, domain, addr, upstream string, log *slog.Logger) error {
-	return run(ctx, tenant, domain, addr, &Server{Upstream: upstream, Log: log})
+	return run(ctx, tenant, domain, addr, &Server{Upstream: upstream, Domain: domain, Log: log})
 }
 
 func run(ctx context.Context, tenant kubernetes.Interface, domain, addr string, s *Server) error {
 	log, upstream := s.Log, s.Upstream
-	factory := informers.NewSharedInformerFactory(tenant, 0)
+	factory := informers.NewSharedInformerFactoryWithOptions(tenant, 0, informers.WithTransform(slim))
 	svcs := factory.Core().V1().Services()
 	eps := factory.Discovery().V1().EndpointSlices()
 	kick := make(chan struct{}, 1)
@@ -223,7 +173,7 @@ func run(ctx context.Context, tenant kubernetes.Interface, domain, addr string, 
 			sl, err1 := svcs.Lister().List(labels.Everything())
 			el, err2 := eps.Lister().List(labels.Everything())
 			if err := errors.Join(err1, err2); err != nil {
-				log.Error("cluster DNS: listing", "err", err)
+				log.Error("cluster DNS: listing from the informers' caches", "err", err)
 			} else {
 				s.SetTable(Build(domain, sl, el))
 			}
@@ -245,4 +195,22 @@ func run(ctx context.Context, tenant kubernetes.Interface, domain, addr string, 
 		}
 	}
 	return nil
+}
+
+// slim drops what Build does not read from the cached Services and EndpointSlices
+// (managed fields, annotations, endpoints' topology and Pod references): the node keeps
+// every Service of the cluster in memory, and those are most of each object.
+func slim(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *corev1.Service:
+		o.ManagedFields, o.Annotations, o.Labels = nil, nil, nil
+		o.Status = corev1.ServiceStatus{}
+	case *discoveryv1.EndpointSlice:
+		o.ManagedFields, o.Annotations, o.OwnerReferences = nil, nil, nil
+		for i := range o.Endpoints {
+			e := &o.Endpoints[i]
+			e.TargetRef, e.NodeName, e.Zone, e.Hints, e.DeprecatedTopology = nil, nil, nil, nil, nil
+		}
+	}
+	return obj, nil
 }

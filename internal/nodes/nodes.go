@@ -76,6 +76,10 @@ type NodeRequest struct {
 	CPUs int64
 	// MemoryMiB is the guest memory in MiB.
 	MemoryMiB int64
+	// DiskMiB is the size of the node's own container-storage disk (images, container
+	// layers, emptyDirs, logs: the kubelet's ephemeral storage). 0 gives it none: that
+	// storage then lives in the root disk's headroom.
+	DiskMiB int64
 	// MaxPods is the kubelet's maxPods.
 	MaxPods int
 	// Labels the kubelet registers the Node with (--node-labels).
@@ -93,6 +97,8 @@ func (r NodeRequest) Validate() error {
 		return fmt.Errorf("node request %s: cpus must be positive, got %d", r.Name, r.CPUs)
 	case r.MemoryMiB <= 0:
 		return fmt.Errorf("node request %s: memory must be positive, got %d MiB", r.Name, r.MemoryMiB)
+	case r.DiskMiB < 0:
+		return fmt.Errorf("node request %s: disk must not be negative, got %d MiB", r.Name, r.DiskMiB)
 	case r.MaxPods <= 0:
 		return fmt.Errorf("node request %s: max pods must be positive, got %d", r.Name, r.MaxPods)
 	}
@@ -116,6 +122,26 @@ type Instance struct {
 	ProviderID string // socialweb://<cluster>/<node>, as the cloud controller stamps it
 	Created    time.Time
 	State      State
+	// The size it was booted with (its NodeRequest's CPUs, MemoryMiB and DiskMiB).
+	CPUs, MemoryMiB, DiskMiB int64
+}
+
+// CapacityError says a machine cannot be booted now because the host lacks the memory
+// or disk for it (what it would use, with the VMM's own overhead, beyond what is free
+// after the host's reserve). It is temporary: it fits once other machines are gone.
+type CapacityError struct {
+	Name   string
+	Reason string // e.g. "needs 3328 MiB of host memory (guest and VMM); 1200 MiB free after the 1024 MiB reserve"
+}
+
+func (e *CapacityError) Error() string {
+	return fmt.Sprintf("node %s does not fit the host now: %s", e.Name, e.Reason)
+}
+
+// IsCapacity reports whether err (or anything it wraps) is a CapacityError.
+func IsCapacity(err error) bool {
+	var ce *CapacityError
+	return errors.As(err, &ce)
 }
 
 // providerIDScheme prefixes every providerID this host hands out.

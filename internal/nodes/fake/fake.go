@@ -188,6 +188,9 @@ func (p *Provider) create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 		ProviderID: nodes.ProviderID(req.Cluster, req.Name),
 		Created:    p.now(),
 		State:      nodes.StateRunning,
+		CPUs:       req.CPUs,
+		MemoryMiB:  req.MemoryMiB,
+		DiskMiB:    req.DiskMiB,
 	}
 	p.instances[req.Name] = inst
 	p.mu.Unlock()

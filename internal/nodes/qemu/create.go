@@ -169,6 +169,9 @@ func (p *Provider) instanceView(inst *instance, st nodes.State) nodes.Instance {
 		ProviderID: nodes.ProviderID(inst.rec.Request.Cluster, inst.rec.Request.Name),
 		Created:    inst.rec.Created,
 		State:      st,
+		CPUs:       inst.rec.Request.CPUs,
+		MemoryMiB:  inst.rec.Request.MemoryMiB,
+		DiskMiB:    inst.rec.Request.DiskMiB,
 	}
 }
 
