@@ -106,7 +106,7 @@ func timeToServing(bin, image, accel, cache string) (time.Duration, error) {
 	}
 	defer os.RemoveAll(state)
 	cmd := exec.Command(bin, "serve", "--state-dir", state, "--node-image", image, "--accel", accel,
-		"--api-port", strconv.Itoa(freePort()), "--port-range", fmt.Sprintf("%d-%d", freePort(), freePort()),
+		"--api-port", strconv.Itoa(freePort()), "--port-range", func() string { p := freePort(); return fmt.Sprintf("%d-%d", p, p) }(),
 		"--network-range", "180-189", "--metrics-address", "")
 	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+cache)
 	out, err := cmd.StderrPipe()

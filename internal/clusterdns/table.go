@@ -5,6 +5,16 @@
 //
 // Table is built from observed state by a pure function; Server answers from the newest
 // Table and is restarted by Run if it dies.
+//
+// Why not CoreDNS in the agent (measured 2026-12, CoreDNS v1.15.0 with its kubernetes,
+// forward, cache, errors and bind plugins, embedded through dnsserver.Register): it adds
+// 4.7 MB to the stripped agent (95.9 -> 100.6 MB; caddy, miekg/dns, quic-go, mcs-api) and
+// saves about 2 MB of heap at 1000 Services (3.8 vs 5.6 MB; RSS +10.7 vs +11.9 MB, the
+// same fake apiserver). But its kubernetes plugin always lists and watches Namespaces,
+// which the node's credentials (system:nodes, system:node-proxier) may not; it pins its
+// own client-go (0.35 against our 0.37); and it brings a second DNS wire library and a
+// plugin chain configured by a Corefile string. The specification is small: its records
+// are below, on the wire library we already use (golang.org/x/net/dns/dnsmessage).
 package clusterdns
 
 import (
