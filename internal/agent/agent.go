@@ -374,6 +374,7 @@ const (
 	StepLimits           = "limits"
 	StepModules          = "modules"
 	StepSysctls          = "sysctls"
+	StepDataDisk         = "data-disk"
 	StepIdentity         = "identity"
 	StepHostname         = "hostname"
 	StepNetwork          = "network"
@@ -402,6 +403,7 @@ func DefaultSteps() Steps {
 		{StepLimits, stepLimits},
 		{StepModules, stepModules},
 		{StepSysctls, stepSysctls},
+		{StepDataDisk, stepDataDisk},
 		{StepContainerdConfig, stepContainerdConfig},
 		{StepContainerd, stepContainerd},
 		{StepIdentity, stepIdentity},

@@ -409,6 +409,10 @@ func KubeletConfiguration(id identity.Identity, l Layout, o KubeletOptions) (*ku
 		// TCG node sharing a host core with others: creation was cancelled at 4 min and
 		// started over, so Pods never ran.
 		RuntimeRequestTimeout: metav1.Duration{Duration: 10 * time.Minute},
+		// Written out, not left to defaults, because a full data disk must evict Pods
+		// (freeing their emptyDirs and layers) before containerd and the kubelet cannot
+		// write: nodefs and imagefs are the node's data disk (see DataDirs).
+		EvictionHard: EvictionHard(),
 	}
 	kc.APIVersion = kubeletv1beta1.SchemeGroupVersion.String()
 	kc.Kind = "KubeletConfiguration"
@@ -423,6 +427,17 @@ func KubeletConfiguration(id identity.Identity, l Layout, o KubeletOptions) (*ku
 		kc.FailCgroupV1 = &f
 	}
 	return kc, nil
+}
+
+// EvictionHard is the kubelet's hard eviction thresholds.
+func EvictionHard() map[string]string {
+	return map[string]string{
+		"memory.available":   "100Mi",
+		"nodefs.available":   "10%",
+		"nodefs.inodesFree":  "5%",
+		"imagefs.available":  "15%",
+		"imagefs.inodesFree": "5%",
+	}
 }
 
 // KubeletConfigurationYAML is KubeletConfiguration as the file the kubelet loads.

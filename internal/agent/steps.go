@@ -121,6 +121,56 @@ func stepMounts(ctx context.Context, a *Agent) error {
 	return nil
 }
 
+// ---- data disk ----
+
+// DataSerial is the serial of the node's container-storage disk (qemu's DataSerial).
+const DataSerial = "socialweb-data"
+
+// DataMount is where the data disk is mounted; DataDirs are bound from it.
+const DataMount = "/var/lib/socialweb-data"
+
+// DataDirs maps a directory of the data disk to where it is bound: containerd's content
+// and snapshots, the kubelet's root (emptyDirs, volumes) and the Pods' logs. Together
+// they are the node's ephemeral storage, which the kubelet then measures on this disk.
+func DataDirs(l Layout) map[string]string {
+	return map[string]string{"containerd": l.ContainerdRoot, "kubelet": l.KubeletRoot, "pod-logs": "/var/log/pods"}
+}
+
+// stepDataDisk mounts the node's data disk (the host formats it: a sparse file with ext4)
+// and binds DataDirs from it, before containerd and the kubelet first write there. A
+// node without one keeps that storage in its root disk.
+func stepDataDisk(ctx context.Context, a *Agent) error {
+	dev := diskBySerial(DataSerial)
+	if dev == "" {
+		a.Log.Info("no data disk: container storage stays on the root disk")
+		return nil
+	}
+	if err := os.MkdirAll(DataMount, 0o700); err != nil {
+		return err
+	}
+	// discard: space freed here (deleted layers, evicted Pods) goes back to the host's
+	// sparse file at once.
+	if err := syscall.Mount(dev, DataMount, "ext4", syscall.MS_NOSUID|syscall.MS_NODEV, "discard"); err != nil {
+		return fmt.Errorf("mount data disk %s on %s: %w", dev, DataMount, err)
+	}
+	for sub, target := range DataDirs(a.Config.Layout) {
+		src := filepath.Join(DataMount, sub)
+		for _, d := range []string{src, target} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return err
+			}
+		}
+		if err := syscall.Mount(src, target, "", syscall.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s on %s: %w", src, target, err)
+		}
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(DataMount, &st); err == nil {
+		a.Log.Info("data disk mounted", "device", dev, "mount", DataMount, "sizeMiB", int64(st.Blocks)*st.Bsize>>20)
+	}
+	return nil
+}
+
 // ---- limits ----
 
 func stepLimits(ctx context.Context, a *Agent) error {

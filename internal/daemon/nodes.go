@@ -68,18 +68,6 @@ func (n *noNodeImage) Stop(name string) {
 
 func (n *noNodeImage) DeleteAll(context.Context, string) error { return nil }
 
-// qemuAddresser reports a machine's address for the CCM.
-type qemuAddresser struct{ *qemu.Provider }
-
-func (q qemuAddresser) Address(name string) (net.IP, bool) {
-	info, err := q.Info(name)
-	if err != nil {
-		return nil, false
-	}
-	ip, _, err := net.ParseCIDR(info.Address)
-	return ip, err == nil
-}
-
 // startNodes builds the node machinery when a node image is configured: the
 // qemu provider (recovering VMs of an earlier run), the host registry seeded
 // with the images nodes need, and the per-cluster node services.
@@ -109,11 +97,9 @@ func startNodes(ctx context.Context, v validated, nets *nodenet.Manager, plan fu
 	}
 	rs := &registry.Server{Dir: regDir, Logger: log.With("component", "registry")}
 	go seedImages(ctx, rs, log)
-	host := nodeservice.New(struct {
-		nodes.NodeProvider
-		nodeservice.Addresser
-		nodes.Diagnoser
-	}{qp, qemuAddresser{qp}, qp}, rs.Handler(), provider.ScaleStatus{Client: dyn}, reg, log.With("component", "nodes"))
+	// qp itself, not a wrapper: the node services find its optional sides (Addresser,
+	// Diagnoser, EarlyBootWatcher, AcceleratorReporter) by type assertion.
+	host := nodeservice.New(qp, rs.Handler(), provider.ScaleStatus{Client: dyn}, reg, log.With("component", "nodes"))
 	host.BootTimeout = v.NodeBootTimeout
 	host.PodRoutes = func(c nodeservice.Cluster) podroutes.Table { return clusterRoutes{nets, c.Minter.Plan} }
 	joiner.host = host

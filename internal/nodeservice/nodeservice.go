@@ -32,8 +32,10 @@ type Cluster struct {
 	Tenant   kubernetes.Interface // admin client of the tenant
 	Minter   join.Minter
 	NodeSize scale.NodeSize
-	MaxNodes int
-	Hold     time.Duration
+	// MaxNodeSize is the largest node; a field of 0 is NodeSize's (a fixed size).
+	MaxNodeSize scale.NodeSize
+	MaxNodes    int
+	Hold        time.Duration
 	// RegistryAddr is where the host registry serves this cluster's nodes
 	// (its gateway address); empty serves none.
 	RegistryAddr string
@@ -97,7 +99,9 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 		return errors.New("no node provider: build a node image with `socialweb image build` and restart serve; the cluster stays at zero nodes")
 	}
 	drv, err := scaledriver.New(scaledriver.Config{
-		Cluster: c.Name, NodeSize: c.NodeSize, MaxNodes: c.MaxNodes, Hold: c.Hold, BootTimeout: h.BootTimeout,
+		Cluster: c.Name, NodeSize: c.NodeSize, MaxNodeSize: c.MaxNodeSize, MaxNodes: c.MaxNodes, Hold: c.Hold, BootTimeout: h.BootTimeout,
+		// Nodes run socialweb's node image: the decision models their allocatable by it.
+		Reserve: scale.DefaultReserve(),
 		// A registered node still starting (kubelet, CNI) counts as coming capacity as long
 		// as a boot may take: not removed as idle while Pods wait for it.
 		NotReadyGrace: h.BootTimeout,
@@ -279,6 +283,22 @@ func (c clusterScoped) Diagnose(name string) string {
 		return d.Diagnose(name)
 	}
 	return ""
+}
+
+// EarlyBootStall forwards to the provider if it watches early boots.
+func (c clusterScoped) EarlyBootStall(name string) string {
+	if w, ok := c.NodeProvider.(nodes.EarlyBootWatcher); ok {
+		return w.EarlyBootStall(name)
+	}
+	return ""
+}
+
+// Accelerator forwards to the provider if it reports one ("" otherwise: nothing to show).
+func (c clusterScoped) Accelerator() (string, string) {
+	if r, ok := c.NodeProvider.(nodes.AcceleratorReporter); ok {
+		return r.Accelerator()
+	}
+	return "", ""
 }
 
 func (c clusterScoped) List(ctx context.Context) ([]nodes.Instance, error) {

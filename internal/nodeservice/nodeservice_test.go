@@ -79,3 +79,27 @@ func TestHostWithoutProviderSaysWhatToDo(t *testing.T) {
 		t.Errorf("Start without a provider: %v", err)
 	}
 }
+
+// watchingProvider is a fake with the optional sides the qemu provider has.
+type watchingProvider struct{ *fake.Provider }
+
+func (watchingProvider) EarlyBootStall(name string) string { return "stuck: " + name }
+func (watchingProvider) Accelerator() (string, string)    { return "tcg", "no KVM here" }
+
+// The driver sees a provider's optional sides through the per-cluster view: a wrapper
+// that hid them once kept the NodeAccelerator condition and EarlyBootStall from working.
+func TestClusterScopedForwardsOptionalSides(t *testing.T) {
+	var p nodes.NodeProvider = clusterScoped{watchingProvider{fake.New()}, "a"}
+	w, ok := p.(nodes.EarlyBootWatcher)
+	if !ok || w.EarlyBootStall("a-1") != "stuck: a-1" {
+		t.Errorf("EarlyBootStall not forwarded")
+	}
+	r, ok := p.(nodes.AcceleratorReporter)
+	if a, why := r.Accelerator(); !ok || a != "tcg" || why != "no KVM here" {
+		t.Errorf("Accelerator not forwarded: %q %q", a, why)
+	}
+	var plain nodes.NodeProvider = clusterScoped{fake.New(), "a"}
+	if a, _ := plain.(nodes.AcceleratorReporter).Accelerator(); a != "" {
+		t.Errorf("a provider without an accelerator reports %q", a)
+	}
+}

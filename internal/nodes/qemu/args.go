@@ -19,11 +19,15 @@ type launch struct {
 	Cmdline      string // the full kernel command line (see kernelCmdline)
 	Rootfs       string // -> /dev/vda, read-write
 	IdentityDisk string // -> /dev/vdb, read-only
+	DataDisk     string // -> /dev/vdc, read-write, discard on; "" for none
 	Tap          string
 	MAC          string
 	Console      string // serial console file
 	QMP          string // QMP unix socket
 }
+
+// DataSerial is the data disk's serial; the guest agent finds it by this.
+const DataSerial = "socialweb-data"
 
 // args is qemu's argument list (without the binary). Device order matters: microvm puts
 // virtio-mmio devices on transports in command-line order and the guest kernel names the
@@ -54,6 +58,16 @@ func (l launch) args() []string {
 		"-device", "virtio-blk-device,drive=root,serial=socialweb-root",
 		"-drive", "id=identity,file="+l.IdentityDisk+",format=raw,if=none,readonly=on",
 		"-device", "virtio-blk-device,drive=identity,serial=socialweb-identity",
+	)
+	if l.DataDisk != "" {
+		// discard=unmap with detect-zeroes: space the guest frees (online discard) goes
+		// back to the host, so the sparse file holds only what is in use.
+		a = append(a,
+			"-drive", "id=data,file="+l.DataDisk+",format=raw,if=none,discard=unmap,detect-zeroes=unmap",
+			"-device", "virtio-blk-device,drive=data,serial="+DataSerial,
+		)
+	}
+	a = append(a,
 		"-netdev", "tap,id=net0,ifname="+l.Tap+",script=no,downscript=no",
 		"-device", "virtio-net-device,netdev=net0,mac="+l.MAC,
 	)

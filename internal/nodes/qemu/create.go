@@ -93,9 +93,6 @@ func (p *Provider) Create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 	if plan.NodeCIDR == nil || plan.Gateway == nil {
 		return nodes.Instance{}, fmt.Errorf("node %s: network plan of cluster %s is incomplete: build it with nodenet.ForIndex", req.Name, req.Cluster)
 	}
-	if err := p.checkSpace(); err != nil {
-		return nodes.Instance{}, err
-	}
 	inst, addr, err := p.reserve(req, plan)
 	if err != nil {
 		return nodes.Instance{}, err
@@ -130,6 +127,11 @@ func (p *Provider) Create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 		return nodes.Instance{}, fmt.Errorf("node %s: cloning the root disk into %s: %w", req.Name, inst.dir, err)
 	}
 	cloneTook := time.Since(tc)
+	if req.DiskMiB > 0 {
+		if err := makeDataDisk(ctx, filepath.Join(inst.dir, fileData), req.DiskMiB); err != nil {
+			return nodes.Instance{}, fmt.Errorf("node %s: making its %d MiB data disk: %w", req.Name, req.DiskMiB, err)
+		}
+	}
 
 	tapAdded = true // a failed AddTap may have made the tap; RemoveTap of a missing one is fine
 	tap, err := p.deps.Networks.AddTap(ctx, req.Cluster, plan, req.Name)
@@ -175,22 +177,6 @@ func (p *Provider) instanceView(inst *instance, st nodes.State) nodes.Instance {
 	}
 }
 
-// checkSpace fails when the state dir cannot hold one more full root disk: a node may
-// fill its clone up to the image's size, and running out of space shows up as a node
-// failing partway through a job (B7), not as an error anyone reads.
-func (p *Provider) checkSpace() error {
-	need := p.image.Files[nodeimage.FileRootfs].Size
-	free, err := freeBytes(p.cfg.StateDir)
-	if err != nil {
-		return fmt.Errorf("checking free space in qemu state dir %s: %w", p.cfg.StateDir, err)
-	}
-	if free < need {
-		return fmt.Errorf("qemu state dir %s has %d MiB free, less than one node's root disk (%d MiB, which a node may fill): free space there or use a state dir on a larger filesystem",
-			p.cfg.StateDir, free>>20, need>>20)
-	}
-	return nil
-}
-
 // reserve claims the name (in memory and as a directory) and the lowest free address
 // of the cluster's node subnet, over every node this provider has.
 func (p *Provider) reserve(req nodes.NodeRequest, plan nodenet.Plan) (*instance, net.IP, error) {
@@ -198,6 +184,9 @@ func (p *Provider) reserve(req nodes.NodeRequest, plan nodenet.Plan) (*instance,
 	defer p.mu.Unlock()
 	if _, ok := p.insts[req.Name]; ok {
 		return nil, nil, fmt.Errorf("node %s already exists: node names are never reused (make a new one with nodes.NewNodeName)", req.Name)
+	}
+	if err := p.checkCapacity(req); err != nil {
+		return nil, nil, err
 	}
 	var inUse []net.IP
 	for _, in := range p.insts {
@@ -285,6 +274,10 @@ func (p *Provider) identity(ctx context.Context, req nodes.NodeRequest, plan nod
 
 func (p *Provider) launchFor(inst *instance) launch {
 	r := inst.rec
+	dataDisk := ""
+	if r.Request.DiskMiB > 0 {
+		dataDisk = filepath.Join(inst.dir, fileData)
+	}
 	return launch{
 		Name:         r.Request.Name,
 		Accel:        r.Accel,
@@ -295,6 +288,7 @@ func (p *Provider) launchFor(inst *instance) launch {
 		Cmdline:      kernelCmdline(p.image, r.Accel, p.host.TSCkHz),
 		Rootfs:       filepath.Join(inst.dir, fileRootfs),
 		IdentityDisk: filepath.Join(inst.dir, fileIdentity),
+		DataDisk:     dataDisk,
 		Tap:          r.Tap,
 		MAC:          r.MAC,
 		Console:      filepath.Join(inst.dir, fileConsole),

@@ -286,6 +286,15 @@ func (p *Provider) ConsoleTail(name string, n int) (string, error) {
 	return tailLines(filepath.Join(inst.dir, fileConsole), n), nil
 }
 
+// Address is the node's address on its cluster network (the CCM reports it).
+func (p *Provider) Address(name string) (net.IP, bool) {
+	info, err := p.Info(name)
+	if err != nil {
+		return nil, false
+	}
+	return addressOf(info.Address), addressOf(info.Address) != nil
+}
+
 // Info is what the provider knows of one node beyond nodes.Instance.
 type Info struct {
 	nodes.Instance

@@ -59,6 +59,7 @@ const (
 	DefaultJoinTimeout    = 5 * time.Minute
 	DefaultStopGrace      = 5 * time.Second
 	DefaultHostReserveMiB = 1024
+	DefaultDiskReserveMiB = 1024
 	DefaultConsolesKept   = 50
 	// DefaultEarlyBootTimeout: a guest whose console shows no kernel progress by then is
 	// stuck before its kernel ran (as under nested PVM). A kernel prints its banner well
@@ -100,8 +101,13 @@ type Config struct {
 	// system_powerdown before it terminates qemu.
 	StopGrace time.Duration
 	// HostReserveMiB is memory kept for the host: a node may ask for at most MemTotal
-	// minus this.
+	// minus this, and a node is booted only while MemAvailable, less this and what
+	// running nodes may still take, holds its guest memory and the VMM's overhead.
 	HostReserveMiB int64
+	// DiskReserveMiB is space kept free in StateDir: a node is booted only while the
+	// rest holds its root clone and data disk beside what running nodes may still fill
+	// (default DefaultDiskReserveMiB).
+	DiskReserveMiB int64
 	// HostCPUs and HostMemoryMiB override what the host reports (0: detect). Meant for
 	// tests and for operators who want to cap node sizes below the machine's.
 	HostCPUs      int
@@ -136,6 +142,8 @@ type Deps struct {
 	Log *slog.Logger
 	// Now may be nil (time.Now).
 	Now func() time.Time
+	// MemAvailable may be nil (the host's MemAvailable, in MiB); tests set it.
+	MemAvailable func() (int64, error)
 }
 
 // host is what the provider knows of the machine it runs on.
@@ -151,15 +159,17 @@ type host struct {
 // Provider is the qemu NodeProvider. Create, Delete, List, Exited, ConsoleTail and Info
 // are safe for concurrent use; Recover must run once, first.
 type Provider struct {
-	cfg      Config
-	deps     Deps
-	log      *slog.Logger
-	now      func() time.Time
-	qemu     string // resolved binary path
-	host     host
-	image    *nodeimage.Manifest
-	imageDir string
-	lock     *os.File
+	cfg  Config
+	deps Deps
+	log  *slog.Logger
+	now  func() time.Time
+	// memAvailable is the host's MemAvailable in MiB (Deps.MemAvailable).
+	memAvailable func() (int64, error)
+	qemu         string // resolved binary path
+	host         host
+	image        *nodeimage.Manifest
+	imageDir     string
+	lock         *os.File
 
 	mu          sync.Mutex
 	accel       Accel  // kvm or tcg; KVM falls back to TCG after repeated early-boot stalls
@@ -217,6 +227,9 @@ func newProvider(cfg Config, deps Deps, h host) (*Provider, error) {
 	if cfg.HostReserveMiB <= 0 {
 		cfg.HostReserveMiB = DefaultHostReserveMiB
 	}
+	if cfg.DiskReserveMiB <= 0 {
+		cfg.DiskReserveMiB = DefaultDiskReserveMiB
+	}
 	if cfg.HostCPUs > 0 {
 		h.CPUs = cfg.HostCPUs
 	}
@@ -229,6 +242,10 @@ func newProvider(cfg Config, deps Deps, h host) (*Provider, error) {
 	}
 	if p.now == nil {
 		p.now = time.Now
+	}
+	p.memAvailable = deps.MemAvailable
+	if p.memAvailable == nil {
+		p.memAvailable = memAvailableMiB
 	}
 
 	var (

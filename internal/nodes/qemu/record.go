@@ -18,6 +18,7 @@ const (
 	fileRecord   = "instance.json"
 	fileRootfs   = "rootfs.ext4"
 	fileIdentity = "identity.img"
+	fileData     = "data.ext4" // the container-storage disk (NodeRequest.DiskMiB), sparse
 	fileConsole  = "console.log"
 	fileQemuLog  = "qemu.log"
 
