@@ -8,6 +8,23 @@ import (
 	"k8s.io/utils/ptr"
 )
 
+// sizeRule refuses a negative quantity in field.
+func sizeRule(field string) apiextensionsv1.ValidationRule {
+	return apiextensionsv1.ValidationRule{
+		Rule:    fmt.Sprintf("!has(self.%[1]s) || !quantity(string(self.%[1]s)).isLessThan(quantity('0'))", field),
+		Message: field + " must not be negative",
+	}
+}
+
+// rangeRule refuses a maximum quantity below its minimum, unless either is 0 (unset).
+func rangeRule(lo, hi string) apiextensionsv1.ValidationRule {
+	return apiextensionsv1.ValidationRule{
+		Rule: fmt.Sprintf("!has(self.%[1]s) || !has(self.%[2]s) || quantity(string(self.%[1]s)).compareTo(quantity('0')) == 0 || "+
+			"quantity(string(self.%[2]s)).compareTo(quantity('0')) == 0 || !quantity(string(self.%[2]s)).isLessThan(quantity(string(self.%[1]s)))", lo, hi),
+		Message: fmt.Sprintf("%s must be 0 (the same as %s) or at least %s", hi, lo, lo),
+	}
+}
+
 // CRD returns the CustomResourceDefinition the daemon installs in the
 // management API. The schema validates on the server too, so `kubectl apply`
 // of a bad Cluster is refused the same way the CLI refuses it.
@@ -18,15 +35,32 @@ func CRD() *apiextensionsv1.CustomResourceDefinition {
 	intRange := func(desc string, min, max float64) apiextensionsv1.JSONSchemaProps {
 		return apiextensionsv1.JSONSchemaProps{Type: "integer", Format: "int32", Description: desc, Minimum: &min, Maximum: &max}
 	}
+	quantity := func(desc string) apiextensionsv1.JSONSchemaProps {
+		return apiextensionsv1.JSONSchemaProps{XIntOrString: true, AnyOf: []apiextensionsv1.JSONSchemaProps{{Type: "integer"}, {Type: "string"}}, Pattern: `^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$`, Description: desc}
+	}
 	spec := apiextensionsv1.JSONSchemaProps{
 		Type: "object",
 		Properties: map[string]apiextensionsv1.JSONSchemaProps{
-			"maxNodes":    intRange("cap on worker microVMs", 0, 1000),
-			"hold":        str("idle time before a node is removed, e.g. 1m"),
-			"nodeCPUs":    intRange("vCPUs per worker microVM", 1, 256),
-			"nodeMemory":  {XIntOrString: true, AnyOf: []apiextensionsv1.JSONSchemaProps{{Type: "integer"}, {Type: "string"}}, Pattern: `^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$`, Description: "memory per worker microVM, e.g. 2Gi"},
-			"podsPerNode": intRange("max pods per worker", 1, 1000),
-			"datastore":   {Type: "string", Enum: []apiextensionsv1.JSON{{Raw: []byte(`"sqlite"`)}, {Raw: []byte(`"postgres"`)}}},
+			"maxNodes":      intRange("cap on worker microVMs", 0, 1000),
+			"hold":          str("idle time before a node is removed, e.g. 1m"),
+			"nodeCPUs":      intRange("vCPUs of the smallest worker microVM", 1, 256),
+			"maxNodeCPUs":   intRange("vCPUs of the largest worker microVM; 0 is nodeCPUs", 0, 256),
+			"nodeMemory":    quantity("memory of the smallest worker microVM, e.g. 2Gi"),
+			"maxNodeMemory": quantity("memory of the largest worker microVM, e.g. 8Gi; 0 is nodeMemory"),
+			"nodeDisk":      quantity("container-storage disk of the smallest worker, e.g. 10Gi"),
+			"maxNodeDisk":   quantity("container-storage disk of the largest worker, e.g. 50Gi; 0 is nodeDisk"),
+			"podsPerNode":   intRange("max pods per worker", 1, 1000),
+			"datastore":     {Type: "string", Enum: []apiextensionsv1.JSON{{Raw: []byte(`"sqlite"`)}, {Raw: []byte(`"postgres"`)}}},
+		},
+		// What the CLI refuses (ValidateNodeSizes), refused for kubectl too. A field that
+		// is absent or 0 takes the daemon's default, which never contradicts a set one.
+		XValidations: apiextensionsv1.ValidationRules{
+			{
+				Rule:    "!has(self.maxNodeCPUs) || !has(self.nodeCPUs) || self.maxNodeCPUs == 0 || self.maxNodeCPUs >= self.nodeCPUs",
+				Message: "maxNodeCPUs must be 0 (the same as nodeCPUs) or at least nodeCPUs",
+			},
+			sizeRule("nodeMemory"), sizeRule("maxNodeMemory"), sizeRule("nodeDisk"), sizeRule("maxNodeDisk"),
+			rangeRule("nodeMemory", "maxNodeMemory"), rangeRule("nodeDisk", "maxNodeDisk"),
 		},
 	}
 	status := apiextensionsv1.JSONSchemaProps{

@@ -10,6 +10,9 @@ func (c *Cluster) DeepCopy() *Cluster {
 	out := &Cluster{TypeMeta: c.TypeMeta, Spec: c.Spec, Status: c.Status}
 	c.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
 	out.Spec.NodeMemory = c.Spec.NodeMemory.DeepCopy()
+	out.Spec.MaxNodeMemory = c.Spec.MaxNodeMemory.DeepCopy()
+	out.Spec.NodeDisk = c.Spec.NodeDisk.DeepCopy()
+	out.Spec.MaxNodeDisk = c.Spec.MaxNodeDisk.DeepCopy()
 	if c.Status.LastScaleDecision != nil {
 		d := *c.Status.LastScaleDecision
 		out.Status.LastScaleDecision = &d

@@ -55,6 +55,10 @@ const (
 	// reason is KVM or TCG, its message why (what the host's KVM probe saw, or that KVM
 	// was turned off after node boots stalled under it).
 	ConditionNodeAccelerator = "NodeAccelerator"
+	// ConditionPodsProvisionable is True when every Pod that wants a node fits a node
+	// size the cluster may boot and the host has room for it; False (PodsExceedNodeSize,
+	// or WaitingForHostCapacity) names the Pods that get none yet, and why.
+	ConditionPodsProvisionable = "PodsProvisionable"
 )
 
 // Cluster is a tenant Kubernetes cluster.
@@ -73,10 +77,21 @@ type ClusterSpec struct {
 	MaxNodes int32 `json:"maxNodes,omitempty"`
 	// Hold is how long a node must be idle before it is removed.
 	Hold metav1.Duration `json:"hold,omitempty"`
-	// NodeCPUs is the vCPU count of each worker microVM.
+	// NodeCPUs is the vCPU count of the smallest worker microVM (of every one, when
+	// MaxNodeCPUs is 0 or the same).
 	NodeCPUs int32 `json:"nodeCPUs,omitempty"`
-	// NodeMemory is the memory of each worker microVM.
+	// MaxNodeCPUs is the vCPU count of the largest: each worker is sized between the two
+	// from the requests of the Pods it is booted for. 0 is NodeCPUs.
+	MaxNodeCPUs int32 `json:"maxNodeCPUs,omitempty"`
+	// NodeMemory is the memory of the smallest worker microVM.
 	NodeMemory resource.Quantity `json:"nodeMemory,omitempty"`
+	// MaxNodeMemory is the memory of the largest; 0 is NodeMemory.
+	MaxNodeMemory resource.Quantity `json:"maxNodeMemory,omitempty"`
+	// NodeDisk is the smallest worker's own container-storage disk (images, writable
+	// layers, emptyDirs); a sparse file, it takes host disk only as it fills.
+	NodeDisk resource.Quantity `json:"nodeDisk,omitempty"`
+	// MaxNodeDisk is the largest, for Pods that request ephemeral storage; 0 is NodeDisk.
+	MaxNodeDisk resource.Quantity `json:"maxNodeDisk,omitempty"`
 	// PodsPerNode is the kubelet's max pods on each worker.
 	PodsPerNode int32 `json:"podsPerNode,omitempty"`
 	// Datastore names the kind of datastore ("sqlite" or "postgres"); the

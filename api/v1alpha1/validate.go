@@ -1,9 +1,11 @@
 package v1alpha1
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -19,4 +21,52 @@ func ValidateName(name string) error {
 		return fmt.Errorf("cluster name %q is not a DNS-1123 label: %s; use lowercase letters, digits and '-', starting and ending with a letter or digit, e.g. ci-main", name, strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// MaxNodeCPUs is the most vCPUs a node size may have (the CRD's bound).
+const MaxNodeCPUs = 256
+
+// ValidateNodeSizes says what is wrong with spec's node sizes and what would be accepted:
+// no size is negative, and a maximum is at least its minimum. A field left 0 takes the
+// daemon's default (which never contradicts one that is set) and is not compared. name
+// gives a field's name in messages (nil: its JSON name), so the CLI can name its flags.
+func ValidateNodeSizes(s ClusterSpec, name func(field string) string) error {
+	if name == nil {
+		name = func(f string) string { return f }
+	}
+	var errs []error
+	for _, c := range []struct {
+		field string
+		v     int32
+	}{{"nodeCPUs", s.NodeCPUs}, {"maxNodeCPUs", s.MaxNodeCPUs}} {
+		if c.v < 0 || c.v > MaxNodeCPUs {
+			errs = append(errs, fmt.Errorf("%s %d: want 1 to %d", name(c.field), c.v, MaxNodeCPUs))
+		}
+	}
+	if s.NodeCPUs > 0 && s.MaxNodeCPUs > 0 && s.MaxNodeCPUs < s.NodeCPUs {
+		errs = append(errs, fmt.Errorf("%s %d is below %s %d: want %s %d or more, or %s %d or fewer",
+			name("maxNodeCPUs"), s.MaxNodeCPUs, name("nodeCPUs"), s.NodeCPUs, name("maxNodeCPUs"), s.NodeCPUs, name("nodeCPUs"), s.MaxNodeCPUs))
+	}
+	for _, q := range []struct {
+		field   string
+		v       resource.Quantity
+		example string
+	}{
+		{"nodeMemory", s.NodeMemory, "2Gi"}, {"maxNodeMemory", s.MaxNodeMemory, "8Gi"},
+		{"nodeDisk", s.NodeDisk, "10Gi"}, {"maxNodeDisk", s.MaxNodeDisk, "50Gi"},
+	} {
+		if q.v.Sign() < 0 {
+			errs = append(errs, fmt.Errorf("%s %s: want a positive quantity such as %s", name(q.field), q.v.String(), q.example))
+		}
+	}
+	for _, r := range []struct {
+		lo, hi string
+		l, h   resource.Quantity
+	}{{"nodeMemory", "maxNodeMemory", s.NodeMemory, s.MaxNodeMemory}, {"nodeDisk", "maxNodeDisk", s.NodeDisk, s.MaxNodeDisk}} {
+		if r.l.Sign() > 0 && r.h.Sign() > 0 && r.h.Cmp(r.l) < 0 {
+			errs = append(errs, fmt.Errorf("%s %s is below %s %s: want %s %s or more, or %s %s or less",
+				name(r.hi), r.h.String(), name(r.lo), r.l.String(), name(r.hi), r.l.String(), name(r.lo), r.h.String()))
+		}
+	}
+	return errors.Join(errs...)
 }

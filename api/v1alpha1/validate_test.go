@@ -3,6 +3,8 @@ package v1alpha1
 import (
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 func TestValidateName(t *testing.T) {
@@ -30,6 +32,35 @@ func TestValidateName(t *testing.T) {
 		}
 		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 			t.Errorf("ValidateName(%q) = %v, want error containing %q", tt.name, err, tt.wantErr)
+		}
+	}
+}
+
+func TestValidateNodeSizes(t *testing.T) {
+	q := resource.MustParse
+	flags := func(f string) string { return "--" + f }
+	tests := []struct {
+		name    string
+		spec    ClusterSpec
+		names   func(string) string
+		wantErr string
+	}{
+		{"nothing set", ClusterSpec{}, nil, ""},
+		{"a range", ClusterSpec{NodeCPUs: 1, MaxNodeCPUs: 8, NodeMemory: q("1Gi"), MaxNodeMemory: q("16Gi"), NodeDisk: q("10Gi"), MaxNodeDisk: q("50Gi")}, nil, ""},
+		{"fixed", ClusterSpec{NodeCPUs: 2, MaxNodeCPUs: 2, NodeMemory: q("2Gi"), MaxNodeMemory: q("2048Mi")}, nil, ""},
+		{"only maxima", ClusterSpec{MaxNodeCPUs: 4, MaxNodeMemory: q("8Gi"), MaxNodeDisk: q("20Gi")}, nil, ""},
+		{"cpus min above max", ClusterSpec{NodeCPUs: 4, MaxNodeCPUs: 2}, nil, "maxNodeCPUs 2 is below nodeCPUs 4: want maxNodeCPUs 4 or more, or nodeCPUs 2 or fewer"},
+		{"memory min above max", ClusterSpec{NodeMemory: q("4Gi"), MaxNodeMemory: q("2Gi")}, nil, "maxNodeMemory 2Gi is below nodeMemory 4Gi: want maxNodeMemory 4Gi or more, or nodeMemory 2Gi or less"},
+		{"disk min above max, in flags", ClusterSpec{NodeDisk: q("20Gi"), MaxNodeDisk: q("10Gi")}, flags, "--maxNodeDisk 10Gi is below --nodeDisk 20Gi"},
+		{"negative cpus", ClusterSpec{MaxNodeCPUs: -1}, nil, "maxNodeCPUs -1: want 1 to 256"},
+		{"too many cpus", ClusterSpec{NodeCPUs: 1000}, nil, "nodeCPUs 1000: want 1 to 256"},
+		{"negative memory", ClusterSpec{NodeMemory: q("-1Gi")}, nil, "nodeMemory -1Gi: want a positive quantity such as 2Gi"},
+		{"negative disk", ClusterSpec{MaxNodeDisk: q("-5Gi")}, nil, "maxNodeDisk -5Gi: want a positive quantity such as 50Gi"},
+	}
+	for _, tt := range tests {
+		err := ValidateNodeSizes(tt.spec, tt.names)
+		if (err == nil) != (tt.wantErr == "") || err != nil && !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("%s: %v, want %q", tt.name, err, tt.wantErr)
 		}
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
@@ -24,8 +23,7 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 		timeout     time.Duration
 		maxNodes    int32
 		hold        time.Duration
-		nodeCPUs    int32
-		nodeMemory  string
+		sizes       nodeSizeFlags
 		podsPerNode int32
 	)
 	cmd := &cobra.Command{
@@ -50,20 +48,7 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 				}
 				c.Spec.Hold = metav1.Duration{Duration: hold}
 			}
-			if f.Changed("node-cpus") {
-				if nodeCPUs < 1 {
-					return usageError{errf("--node-cpus %d: want 1 or more", nodeCPUs)}
-				}
-				c.Spec.NodeCPUs = nodeCPUs
-			}
-			if f.Changed("node-memory") {
-				q, err := resource.ParseQuantity(nodeMemory)
-				if err != nil || q.Sign() <= 0 {
-					return usageError{errf("--node-memory %q: want a positive quantity such as 2Gi or 512Mi", nodeMemory)}
-				}
-				c.Spec.NodeMemory = q
-			}
-			if err := qemu.CheckHostFits(int64(c.Spec.NodeCPUs), c.Spec.NodeMemory.Value()>>20); err != nil {
+			if err := sizes.apply(&c.Spec, f.Changed, hostLimits{fits: qemu.CheckHostFits, stateDir: g.stateDir}); err != nil {
 				return usageError{err}
 			}
 			if f.Changed("pods-per-node") {
@@ -113,8 +98,12 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 	f.DurationVar(&timeout, "timeout", 5*time.Minute, "how long --wait waits")
 	f.Int32Var(&maxNodes, "max-nodes", 0, "max worker nodes (default: the daemon's --default-max-nodes)")
 	f.DurationVar(&hold, "hold", 0, "idle time before a node is removed (default: the daemon's --default-hold)")
-	f.Int32Var(&nodeCPUs, "node-cpus", 0, "vCPUs per worker node (default: the daemon's --default-node-cpus)")
-	f.StringVar(&nodeMemory, "node-memory", "", "memory per worker node, e.g. 2Gi (default: the daemon's --default-node-memory)")
+	f.Int32Var(&sizes.cpus, "node-cpus", 0, "vCPUs of the smallest worker node (default: the daemon's --default-node-cpus)")
+	f.Int32Var(&sizes.maxCPUs, "max-node-cpus", 0, "vCPUs of the largest worker node; each node is sized from its Pods' requests between the two (default: the daemon's --default-max-node-cpus)")
+	f.StringVar(&sizes.memory, "node-memory", "", "memory of the smallest worker node, e.g. 2Gi (default: the daemon's --default-node-memory)")
+	f.StringVar(&sizes.maxMemory, "max-node-memory", "", "memory of the largest worker node, e.g. 16Gi (default: the daemon's --default-max-node-memory)")
+	f.StringVar(&sizes.disk, "node-disk", "", "container-storage disk of the smallest worker node, e.g. 10Gi (default: the daemon's --default-node-disk)")
+	f.StringVar(&sizes.maxDisk, "max-node-disk", "", "container-storage disk of the largest worker node, for Pods that request ephemeral storage, e.g. 50Gi (default: the daemon's --default-max-node-disk)")
 	f.Int32Var(&podsPerNode, "pods-per-node", 0, "max pods per worker node (default: the daemon's --default-pods-per-node)")
 	documentEnv(f)
 	return cmd

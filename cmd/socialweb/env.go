@@ -29,7 +29,10 @@ func applyEnv(cmd *cobra.Command) error {
 		}
 		if err := f.Value.Set(v); err != nil {
 			errs = append(errs, fmt.Sprintf("%s=%q (twin of --%s): %v", envName(f.Name), v, f.Name, err))
+			return
 		}
+		// Given by its twin is given: commands that apply only what was asked for see it.
+		f.Changed = true
 	}
 	cmd.Flags().VisitAll(visit)
 	cmd.InheritedFlags().VisitAll(visit)

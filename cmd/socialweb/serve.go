@@ -14,10 +14,13 @@ import (
 
 func newServeCommand(g *globalOptions) *cobra.Command {
 	var (
-		o        daemon.Options
-		memory   string
-		logLevel string
-		gogc     string
+		o         daemon.Options
+		memory    string
+		maxMemory string
+		disk      string
+		maxDisk   string
+		logLevel  string
+		gogc      string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -29,6 +32,20 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 				return usageError{errf("--default-node-memory %q: %v; want a quantity such as 1Gi or 512Mi", memory, err)}
 			}
 			o.Defaults.NodeMemory = q
+			for _, f := range []struct {
+				flag, v string
+				to      *resource.Quantity
+			}{
+				{"--default-max-node-memory", maxMemory, &o.Defaults.MaxNodeMemory},
+				{"--default-node-disk", disk, &o.Defaults.NodeDisk},
+				{"--default-max-node-disk", maxDisk, &o.Defaults.MaxNodeDisk},
+			} {
+				q, err := resource.ParseQuantity(f.v)
+				if err != nil {
+					return usageError{errf("%s %q: %v; want a quantity such as 10Gi, or 0", f.flag, f.v, err)}
+				}
+				*f.to = q
+			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return usageError{errf("--log-level %q: want debug, info, warn or error", logLevel)}
@@ -56,8 +73,12 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&o.MetricsAddress, "metrics-address", "127.0.0.1:7080", `Prometheus /metrics listen address ("" disables)`)
 	f.Int32Var(&o.Defaults.MaxNodes, "default-max-nodes", 5, "max worker nodes of a cluster that does not say")
 	f.DurationVar(&o.Defaults.Hold, "default-hold", time.Minute, "idle time before a node is removed, for a cluster that does not say")
-	f.Int32Var(&o.Defaults.NodeCPUs, "default-node-cpus", 1, "vCPUs per worker node, for a cluster that does not say")
-	f.StringVar(&memory, "default-node-memory", "1Gi", "memory per worker node, for a cluster that does not say")
+	f.Int32Var(&o.Defaults.NodeCPUs, "default-node-cpus", 1, "vCPUs of the smallest worker node, for a cluster that does not say")
+	f.Int32Var(&o.Defaults.MaxNodeCPUs, "default-max-node-cpus", 0, "vCPUs of the largest worker node, for a cluster that does not say; 0 is --default-node-cpus (a fixed size)")
+	f.StringVar(&memory, "default-node-memory", "1Gi", "memory of the smallest worker node, for a cluster that does not say")
+	f.StringVar(&maxMemory, "default-max-node-memory", "0", "memory of the largest worker node, for a cluster that does not say; 0 is --default-node-memory (a fixed size)")
+	f.StringVar(&disk, "default-node-disk", "10Gi", "container-storage disk of the smallest worker node (a sparse file: host disk is used as it fills), for a cluster that does not say; 0 gives nodes none")
+	f.StringVar(&maxDisk, "default-max-node-disk", "0", "container-storage disk of the largest worker node, for Pods that request ephemeral storage, for a cluster that does not say; 0 is --default-node-disk")
 	f.Int32Var(&o.Defaults.PodsPerNode, "default-pods-per-node", 110, "max pods per worker node, for a cluster that does not say")
 	f.StringVar(&gogc, "controlplane-gogc", "50", `GOGC of each control-plane process ("" leaves Go's default): lower trades CPU for memory`)
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")

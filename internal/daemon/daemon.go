@@ -23,6 +23,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -68,6 +69,30 @@ type Options struct {
 	ControlPlaneEnv []string
 }
 
+// validateSizeDefaults checks the default node size range: no size negative, and each
+// maximum 0 (the same as its minimum) or at least that minimum.
+func validateSizeDefaults(d provider.Defaults) error {
+	var errs []error
+	if d.MaxNodeCPUs < 0 || d.MaxNodeCPUs != 0 && d.MaxNodeCPUs < d.NodeCPUs {
+		errs = append(errs, fmt.Errorf("--default-max-node-cpus %d: want 0 (the same as --default-node-cpus) or %d or more", d.MaxNodeCPUs, d.NodeCPUs))
+	}
+	for _, q := range []struct {
+		flag, minFlag string
+		v, min        resource.Quantity
+	}{
+		{"--default-max-node-memory", "--default-node-memory", d.MaxNodeMemory, d.NodeMemory},
+		{"--default-max-node-disk", "--default-node-disk", d.MaxNodeDisk, d.NodeDisk},
+	} {
+		if q.v.Sign() < 0 || q.v.Sign() > 0 && q.v.Cmp(q.min) < 0 {
+			errs = append(errs, fmt.Errorf("%s %s: want 0 (the same as %s) or %s or more", q.flag, q.v.String(), q.minFlag, q.min.String()))
+		}
+	}
+	if d.NodeDisk.Sign() < 0 {
+		errs = append(errs, fmt.Errorf("--default-node-disk %s: want a size such as 10Gi, or 0 for nodes without a disk of their own", d.NodeDisk.String()))
+	}
+	return errors.Join(errs...)
+}
+
 // validated is Options after every check that can fail without side effects.
 type validated struct {
 	Options
@@ -104,6 +129,9 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	}
 	if o.Defaults.MaxNodes < 0 || o.Defaults.NodeCPUs < 1 || o.Defaults.PodsPerNode < 1 || o.Defaults.Hold < 0 || o.Defaults.NodeMemory.Sign() <= 0 {
 		return v, errors.New("cluster defaults must be positive: max nodes >= 0, node cpus >= 1, pods per node >= 1, hold >= 0, node memory > 0")
+	}
+	if err := validateSizeDefaults(o.Defaults); err != nil {
+		return v, err
 	}
 	if o.NodeBootTimeout < 0 {
 		return v, fmt.Errorf("--node-boot-timeout %s: want a positive duration such as 5m (0 means the default)", o.NodeBootTimeout)

@@ -84,7 +84,7 @@ func TestHostWithoutProviderSaysWhatToDo(t *testing.T) {
 type watchingProvider struct{ *fake.Provider }
 
 func (watchingProvider) EarlyBootStall(name string) string { return "stuck: " + name }
-func (watchingProvider) Accelerator() (string, string)    { return "tcg", "no KVM here" }
+func (watchingProvider) Accelerator() (string, string)     { return "tcg", "no KVM here" }
 
 // The driver sees a provider's optional sides through the per-cluster view: a wrapper
 // that hid them once kept the NodeAccelerator condition and EarlyBootStall from working.

@@ -80,7 +80,12 @@ func (p *Provider) startNodeServices(ctx context.Context, c *v1.Cluster, l lease
 			Registry: fmt.Sprintf("http://%s:%d", gw, RegistryPort),
 		},
 		NodeSize: scale.NodeSize{
-			CPUs: int64(c.Spec.NodeCPUs), MemoryMiB: c.Spec.NodeMemory.Value() >> 20, MaxPods: int(c.Spec.PodsPerNode),
+			CPUs: int64(c.Spec.NodeCPUs), MemoryMiB: c.Spec.NodeMemory.Value() >> 20, DiskMiB: c.Spec.NodeDisk.Value() >> 20,
+			MaxPods: int(c.Spec.PodsPerNode),
+		},
+		// A cluster from before sizes had a maximum has 0s here: a fixed size, as it was.
+		MaxNodeSize: scale.NodeSize{
+			CPUs: int64(c.Spec.MaxNodeCPUs), MemoryMiB: c.Spec.MaxNodeMemory.Value() >> 20, DiskMiB: c.Spec.MaxNodeDisk.Value() >> 20,
 		},
 		MaxNodes:     int(c.Spec.MaxNodes),
 		Hold:         c.Spec.Hold.Duration,

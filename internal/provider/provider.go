@@ -36,11 +36,18 @@ import (
 
 // Defaults fill a Cluster's empty spec fields.
 type Defaults struct {
-	MaxNodes    int32
-	Hold        time.Duration
-	NodeCPUs    int32
-	NodeMemory  resource.Quantity
-	PodsPerNode int32
+	MaxNodes int32
+	Hold     time.Duration
+	// NodeCPUs, NodeMemory and NodeDisk are the smallest node, the Max* fields the
+	// largest; a maximum of 0 is its minimum (a fixed size). NodeDisk 0 gives nodes no
+	// disk of their own.
+	NodeCPUs      int32
+	MaxNodeCPUs   int32
+	NodeMemory    resource.Quantity
+	MaxNodeMemory resource.Quantity
+	NodeDisk      resource.Quantity
+	MaxNodeDisk   resource.Quantity
+	PodsPerNode   int32
 }
 
 // Config is what the provider needs from the daemon.
@@ -350,12 +357,7 @@ func (p *Provider) addFinalizerAndDefaults(ctx context.Context, c *v1.Cluster) (
 	if s.Hold.Duration == 0 {
 		s.Hold.Duration = d.Hold
 	}
-	if s.NodeCPUs == 0 {
-		s.NodeCPUs = d.NodeCPUs
-	}
-	if s.NodeMemory.IsZero() {
-		s.NodeMemory = d.NodeMemory
-	}
+	applySizeDefaults(s, d)
 	if s.PodsPerNode == 0 {
 		s.PodsPerNode = d.PodsPerNode
 	}
@@ -371,6 +373,40 @@ func (p *Provider) addFinalizerAndDefaults(ctx context.Context, c *v1.Cluster) (
 		return nil, err
 	}
 	return v1.FromUnstructured(out)
+}
+
+// applySizeDefaults fills the node sizes a spec leaves 0. A default never contradicts a
+// size that is set: a default minimum above a set maximum becomes that maximum, and a
+// default maximum below the minimum becomes the minimum.
+func applySizeDefaults(s *v1.ClusterSpec, d Defaults) {
+	if s.NodeCPUs == 0 {
+		s.NodeCPUs = d.NodeCPUs
+		if s.MaxNodeCPUs != 0 {
+			s.NodeCPUs = min(s.NodeCPUs, s.MaxNodeCPUs)
+		}
+	}
+	if s.MaxNodeCPUs == 0 {
+		s.MaxNodeCPUs = max(d.MaxNodeCPUs, s.NodeCPUs)
+	}
+	s.NodeMemory, s.MaxNodeMemory = quantityDefaults(s.NodeMemory, s.MaxNodeMemory, d.NodeMemory, d.MaxNodeMemory)
+	s.NodeDisk, s.MaxNodeDisk = quantityDefaults(s.NodeDisk, s.MaxNodeDisk, d.NodeDisk, d.MaxNodeDisk)
+}
+
+// quantityDefaults is applySizeDefaults for one quantity's minimum and maximum.
+func quantityDefaults(lo, hi, defLo, defHi resource.Quantity) (resource.Quantity, resource.Quantity) {
+	if lo.IsZero() {
+		lo = defLo.DeepCopy()
+		if !hi.IsZero() && hi.Cmp(lo) < 0 {
+			lo = hi.DeepCopy()
+		}
+	}
+	if hi.IsZero() {
+		hi = defHi.DeepCopy()
+		if hi.Cmp(lo) < 0 {
+			hi = lo.DeepCopy()
+		}
+	}
+	return lo, hi
 }
 
 func (p *Provider) removeFinalizer(ctx context.Context, c *v1.Cluster) error {

@@ -76,6 +76,11 @@ func (s ScaleStatus) RecordNodeAccelerator(ctx context.Context, cluster, accel, 
 	return s.setCondition(ctx, cluster, v1.ConditionNodeAccelerator, true, strings.ToUpper(accel), why)
 }
 
+// RecordPodsProvisionable sets the PodsProvisionable condition.
+func (s ScaleStatus) RecordPodsProvisionable(ctx context.Context, cluster string, ok bool, reason, message string) error {
+	return s.setCondition(ctx, cluster, v1.ConditionPodsProvisionable, ok, reason, message)
+}
+
 func (s ScaleStatus) setCondition(ctx context.Context, cluster, conditionType string, ok bool, reason, message string) error {
 	if len(message) > maxConditionMessage {
 		message = "..." + message[len(message)-maxConditionMessage+3:]

@@ -65,6 +65,23 @@ func TestScaleStatusRecords(t *testing.T) {
 			t.Errorf("NodeBoot after %s: %+v", tc.reason, cond)
 		}
 	}
+	for _, tc := range []struct {
+		ok     bool
+		reason string
+		msg    string
+		want   metav1.ConditionStatus
+	}{
+		{false, "PodsExceedNodeSize", "pod default/big: needs 16 CPU; the largest node is 8 vCPU: no node is booted for it", metav1.ConditionFalse},
+		{true, "PodsProvisionable", "every Pod that wants a node fits a node this cluster may boot", metav1.ConditionTrue},
+	} {
+		if err := s.RecordPodsProvisionable(ctx, "ci", tc.ok, tc.reason, tc.msg); err != nil {
+			t.Fatal(err)
+		}
+		cond := meta.FindStatusCondition(get().Status.Conditions, v1.ConditionPodsProvisionable)
+		if cond == nil || cond.Status != tc.want || cond.Reason != tc.reason || cond.Message != tc.msg {
+			t.Errorf("PodsProvisionable after %s: %+v", tc.reason, cond)
+		}
+	}
 	// A long message keeps its end (the last console lines) within the limit.
 	long := string(make([]byte, 3*maxConditionMessage)) + "the last line"
 	if err := s.RecordNodeBoot(ctx, "ci", false, "VMExited", long); err != nil {

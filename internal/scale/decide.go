@@ -41,7 +41,7 @@ func Decide(o Observed) (Decision, error) {
 			continue
 		}
 		intent++
-		demands = append(demands, newDemand("pod "+p.Namespace+"/"+p.Name, p.Namespace, p.Labels, &p.Spec, p.CreationTimestamp, false))
+		demands = append(demands, newDemand(Ref{Kind: "Pod", Namespace: p.Namespace, Name: p.Name, UID: p.UID}, p.Labels, &p.Spec, p.CreationTimestamp, false))
 	}
 	synthetic := workloadDemands(&o)
 	intent += len(synthetic)
@@ -58,6 +58,7 @@ func Decide(o Observed) (Decision, error) {
 		Unplaced:         res.unplaced,
 		Need:             s.known + s.newCount,
 		NotProvisionable: res.notProvisionable,
+		Unfit:            res.unfit,
 		PendingSince:     res.pendingSince.Time,
 		IdleSince:        map[string]time.Time{},
 	}
@@ -97,8 +98,12 @@ func Decide(o Observed) (Decision, error) {
 			d.Capped = true
 			target = max(o.MaxNodes, d.Current)
 		}
-		if target > d.Current {
+		switch {
+		case target > d.Current && o.HostFull && len(removable) > 0:
+			notes = append(notes, fmt.Sprintf("%s %s for host capacity: idle nodes go first", plural(res.unplaced, "pod"), verb(res.unplaced, "waits", "wait")))
+		case target > d.Current:
 			d.Action, d.Target = Provision, target
+			d.New = s.newNodes(target - d.Current)
 			switch {
 			case d.Current == 0:
 				d.Reason = "intent and no node"
@@ -110,10 +115,15 @@ func Decide(o Observed) (Decision, error) {
 			} else if d.Current > 0 {
 				d.Reason += fmt.Sprintf(": need %d", d.Need)
 			}
+			if s.min != s.max {
+				// The size was chosen, so the reason says which and why.
+				d.Reason = withNotes(d.Reason, sizeNotes(d.New))
+			}
 			d.Reason = withNotes(d.Reason, notProvisionable(res.notProvisionable))
 			return d, nil
+		default:
+			notes = append(notes, fmt.Sprintf("%s unplaced: %s, capped at max %d", plural(res.unplaced, "pod"), need, o.MaxNodes))
 		}
-		notes = append(notes, fmt.Sprintf("%s unplaced: %s, capped at max %d", plural(res.unplaced, "pod"), need, o.MaxNodes))
 	}
 	notes = append(notes, notProvisionable(res.notProvisionable)...)
 	for _, n := range idle {
@@ -200,6 +210,34 @@ func notProvisionable(lines []string) []string {
 	return append(out, fmt.Sprintf("%d more not provisionable", len(lines)-maxReasonNotes))
 }
 
+// sizeNotes names each new node's size and why, nodes of the same description once.
+func sizeNotes(ns []NewNode) []string {
+	var whys []string
+	count := map[string]int{}
+	for _, n := range ns {
+		if count[n.Why] == 0 {
+			whys = append(whys, n.Why)
+		}
+		count[n.Why]++
+	}
+	var out []string
+	for i, w := range whys {
+		if i == maxReasonNotes {
+			rest := 0
+			for _, w := range whys[i:] {
+				rest += count[w]
+			}
+			out = append(out, fmt.Sprintf("and %s more", plural(rest, "node")))
+			break
+		}
+		if c := count[w]; c > 1 {
+			w = fmt.Sprintf("%d× (%s)", c, w)
+		}
+		out = append(out, w)
+	}
+	return out
+}
+
 func joinReason(base, more string, semicolon bool) string {
 	if semicolon {
 		return base + "; " + more
@@ -221,6 +259,13 @@ func withNotes(reason string, notes []string) string {
 // fmtDur rounds to a tenth of a second: "1m0.9s", not "1m0.917972328s".
 func fmtDur(d time.Duration) string {
 	return max(d, 0).Round(100 * time.Millisecond).String()
+}
+
+func verb(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 func plural(n int, what string) string {

@@ -105,32 +105,61 @@ func replicas(r *int32) int {
 // demand is one Pod to place: a real unbound Pending Pod or a synthetic one made from a
 // workload's template.
 type demand struct {
-	key       string // "ns/name" for real Pods, "<kind> ns/name" for synthetic ones
+	key       string // "pod ns/name" for real Pods, "<kind> ns/name" for synthetic ones
+	ref       Ref
 	namespace string
 	labels    map[string]string
 	cpu, mem  int64 // millicores, bytes
+	eph       int64 // ephemeral storage, bytes
 	created   metav1.Time
 	synthetic bool
 
 	affinity    nodeaffinity.RequiredNodeAffinity
 	tolerations []corev1.Toleration
 	anti        []antiTerm
+	// types are the instance types the Pod's nodeSelector or required node affinity
+	// names (In): the sizes a new node for it may take. Nil if it names none.
+	types []string
 }
 
-func newDemand(key, namespace string, lbls map[string]string, spec *corev1.PodSpec, created metav1.Time, synthetic bool) *demand {
-	cpu, mem := podRequests(spec)
+func newDemand(ref Ref, lbls map[string]string, spec *corev1.PodSpec, created metav1.Time, synthetic bool) *demand {
+	r := requestsOf(spec)
 	return &demand{
-		key:         key,
-		namespace:   namespace,
+		key:         ref.String(),
+		ref:         ref,
+		namespace:   ref.Namespace,
 		labels:      lbls,
-		cpu:         cpu,
-		mem:         mem,
+		cpu:         r.cpu,
+		mem:         r.mem,
+		eph:         r.eph,
 		created:     created,
 		synthetic:   synthetic,
 		affinity:    nodeaffinity.NewRequiredNodeAffinity(spec.NodeSelector, spec.Affinity),
 		tolerations: spec.Tolerations,
-		anti:        parseAntiTerms(namespace, lbls, spec.Affinity),
+		anti:        parseAntiTerms(ref.Namespace, lbls, spec.Affinity),
+		types:       instanceTypes(spec),
 	}
+}
+
+func (d *demand) requests() resources { return resources{d.cpu, d.mem, d.eph} }
+
+// instanceTypes lists the instance types spec selects by nodeSelector or by a required
+// node affinity term's In.
+func instanceTypes(spec *corev1.PodSpec) []string {
+	var out []string
+	if v, ok := spec.NodeSelector[corev1.LabelInstanceTypeStable]; ok {
+		out = append(out, v)
+	}
+	if a := spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		for _, t := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			for _, e := range t.MatchExpressions {
+				if e.Key == corev1.LabelInstanceTypeStable && e.Operator == corev1.NodeSelectorOpIn {
+					out = append(out, e.Values...)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // workloadDemands turns Jobs, Deployments and StatefulSets whose Pods do not exist yet
@@ -140,9 +169,10 @@ func workloadDemands(o *Observed) []*demand {
 		return nil
 	}
 	var out []*demand
-	synth := func(kind, ns, name string, n int, created metav1.Time, tmpl *corev1.PodTemplateSpec) {
+	synth := func(kind string, meta *metav1.ObjectMeta, n int, tmpl *corev1.PodTemplateSpec) {
+		ref := Ref{Kind: kind, Namespace: meta.Namespace, Name: meta.Name, UID: meta.UID}
 		for i := 0; i < n; i++ {
-			out = append(out, newDemand(kind+" "+ns+"/"+name, ns, tmpl.Labels, &tmpl.Spec, created, true))
+			out = append(out, newDemand(ref, tmpl.Labels, &tmpl.Spec, meta.CreationTimestamp, true))
 		}
 	}
 
@@ -170,7 +200,7 @@ func workloadDemands(o *Observed) []*demand {
 		}
 		for _, j := range o.Jobs {
 			c := byJob[j.UID]
-			synth("job", j.Namespace, j.Name, jobMissing(j, c.active, c.succeeded), j.CreationTimestamp, &j.Spec.Template)
+			synth("Job", &j.ObjectMeta, jobMissing(j, c.active, c.succeeded), &j.Spec.Template)
 		}
 	}
 
@@ -203,13 +233,13 @@ func workloadDemands(o *Observed) []*demand {
 			if d.DeletionTimestamp != nil {
 				continue
 			}
-			synth("deployment", d.Namespace, d.Name, missing(d.Namespace, d.Spec.Selector, replicas(d.Spec.Replicas)), d.CreationTimestamp, &d.Spec.Template)
+			synth("Deployment", &d.ObjectMeta, missing(d.Namespace, d.Spec.Selector, replicas(d.Spec.Replicas)), &d.Spec.Template)
 		}
 		for _, s := range o.StatefulSets {
 			if s.DeletionTimestamp != nil {
 				continue
 			}
-			synth("statefulset", s.Namespace, s.Name, missing(s.Namespace, s.Spec.Selector, replicas(s.Spec.Replicas)), s.CreationTimestamp, &s.Spec.Template)
+			synth("StatefulSet", &s.ObjectMeta, missing(s.Namespace, s.Spec.Selector, replicas(s.Spec.Replicas)), &s.Spec.Template)
 		}
 	}
 	return out
@@ -221,55 +251,71 @@ func workloadDemands(o *Observed) []*demand {
 // overhead. A limit with no request counts as the request, as the apiserver defaults it;
 // the seed lost a run to exactly that (a helper limit of 1 CPU made every Pod ask ~2 CPU).
 func podRequests(spec *corev1.PodSpec) (cpu, mem int64) {
-	for i := range spec.Containers {
-		c, m := containerRequests(&spec.Containers[i].Resources)
-		cpu += c
-		mem += m
-	}
-	var sidecarCPU, sidecarMem, initCPU, initMem int64
-	for i := range spec.InitContainers {
-		ic := &spec.InitContainers[i]
-		c, m := containerRequests(&ic.Resources)
-		if ic.RestartPolicy != nil && *ic.RestartPolicy == corev1.ContainerRestartPolicyAlways {
-			cpu += c
-			mem += m
-			sidecarCPU += c
-			sidecarMem += m
-			c, m = sidecarCPU, sidecarMem
-		} else {
-			c += sidecarCPU
-			m += sidecarMem
-		}
-		initCPU = max(initCPU, c)
-		initMem = max(initMem, m)
-	}
-	cpu = max(cpu, initCPU)
-	mem = max(mem, initMem)
-	if spec.Resources != nil {
-		if q, ok := effective(spec.Resources, corev1.ResourceCPU); ok {
-			cpu = q.MilliValue()
-		}
-		if q, ok := effective(spec.Resources, corev1.ResourceMemory); ok {
-			mem = q.Value()
-		}
-	}
-	if q, ok := spec.Overhead[corev1.ResourceCPU]; ok {
-		cpu += q.MilliValue()
-	}
-	if q, ok := spec.Overhead[corev1.ResourceMemory]; ok {
-		mem += q.Value()
-	}
-	return cpu, mem
+	r := requestsOf(spec)
+	return r.cpu, r.mem
 }
 
-func containerRequests(r *corev1.ResourceRequirements) (cpu, mem int64) {
+// requestsOf is podRequests with ephemeral storage.
+func requestsOf(spec *corev1.PodSpec) resources {
+	var total, sidecars, init resources
+	for i := range spec.Containers {
+		total = total.plus(containerRequests(&spec.Containers[i].Resources))
+	}
+	for i := range spec.InitContainers {
+		ic := &spec.InitContainers[i]
+		v := containerRequests(&ic.Resources)
+		if ic.RestartPolicy != nil && *ic.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			total = total.plus(v)
+			sidecars = sidecars.plus(v)
+			v = sidecars
+		} else {
+			v = v.plus(sidecars)
+		}
+		init = resources{max(init.cpu, v.cpu), max(init.mem, v.mem), max(init.eph, v.eph)}
+	}
+	total = resources{max(total.cpu, init.cpu), max(total.mem, init.mem), max(total.eph, init.eph)}
+	// Pod-level resources cover CPU and memory only.
+	if spec.Resources != nil {
+		if q, ok := effective(spec.Resources, corev1.ResourceCPU); ok {
+			total.cpu = q.MilliValue()
+		}
+		if q, ok := effective(spec.Resources, corev1.ResourceMemory); ok {
+			total.mem = q.Value()
+		}
+	}
+	if len(spec.Overhead) > 0 {
+		total = total.plus(quantities(spec.Overhead))
+	}
+	return total
+}
+
+// containerRequests is what a container requests, a limit standing in for a request.
+func containerRequests(r *corev1.ResourceRequirements) resources {
+	var out resources
 	if q, ok := effective(r, corev1.ResourceCPU); ok {
-		cpu = q.MilliValue()
+		out.cpu = q.MilliValue()
 	}
 	if q, ok := effective(r, corev1.ResourceMemory); ok {
-		mem = q.Value()
+		out.mem = q.Value()
 	}
-	return cpu, mem
+	if q, ok := effective(r, corev1.ResourceEphemeralStorage); ok {
+		out.eph = q.Value()
+	}
+	return out
+}
+
+func quantities(l corev1.ResourceList) resources {
+	var out resources
+	if q, ok := l[corev1.ResourceCPU]; ok {
+		out.cpu = q.MilliValue()
+	}
+	if q, ok := l[corev1.ResourceMemory]; ok {
+		out.mem = q.Value()
+	}
+	if q, ok := l[corev1.ResourceEphemeralStorage]; ok {
+		out.eph = q.Value()
+	}
+	return out
 }
 
 // effective is a container's (or Pod's) request for name, falling back to its limit.

@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // Action is what a Decision asks the driver to do.
@@ -45,11 +46,14 @@ const (
 // not synced: a partial view must never read as "idle" and tear nodes down.
 var ErrIncomplete = errors.New("scale: observation incomplete (a list failed or a cache is not synced)")
 
-// NodeSize is the shape of every node a cluster boots.
+// NodeSize is the shape of a node: a cluster's smallest and largest, or one it boots.
 type NodeSize struct {
 	CPUs      int64 // vCPUs
 	MemoryMiB int64
-	MaxPods   int // kubelet maxPods
+	// DiskMiB is the node's own container-storage disk (images, writable layers,
+	// emptyDirs: the kubelet's ephemeral storage); 0 is none.
+	DiskMiB int64
+	MaxPods int // kubelet maxPods
 }
 
 // InstanceType is the node.kubernetes.io/instance-type value of a node of this size,
@@ -59,8 +63,45 @@ func (s NodeSize) InstanceType() string {
 }
 
 func (s NodeSize) validate() error {
-	if s.CPUs <= 0 || s.MemoryMiB <= 0 || s.MaxPods <= 0 {
-		return fmt.Errorf("scale: node size must be positive, got %d CPU, %d MiB, %d pods", s.CPUs, s.MemoryMiB, s.MaxPods)
+	if s.CPUs <= 0 || s.MemoryMiB <= 0 || s.MaxPods <= 0 || s.DiskMiB < 0 {
+		return fmt.Errorf("scale: node size must be positive, got %d CPU, %d MiB, %d MiB disk, %d pods", s.CPUs, s.MemoryMiB, s.DiskMiB, s.MaxPods)
+	}
+	return nil
+}
+
+// Upto is the largest size of a range from s (the smallest) to largest: each field of
+// largest that is 0 is s's, so the zero value keeps every node at s. MaxPods is s's.
+func (s NodeSize) Upto(largest NodeSize) NodeSize {
+	out := s
+	if largest.CPUs != 0 {
+		out.CPUs = largest.CPUs
+	}
+	if largest.MemoryMiB != 0 {
+		out.MemoryMiB = largest.MemoryMiB
+	}
+	if largest.DiskMiB != 0 {
+		out.DiskMiB = largest.DiskMiB
+	}
+	return out
+}
+
+// ValidateRange says what is wrong with a range of node sizes from lo to hi.
+func ValidateRange(lo, hi NodeSize) error {
+	if err := lo.validate(); err != nil {
+		return err
+	}
+	var errs []string
+	if hi.CPUs < lo.CPUs {
+		errs = append(errs, fmt.Sprintf("max %d vCPUs is below the minimum %d", hi.CPUs, lo.CPUs))
+	}
+	if hi.MemoryMiB < lo.MemoryMiB {
+		errs = append(errs, fmt.Sprintf("max %d MiB of memory is below the minimum %d MiB", hi.MemoryMiB, lo.MemoryMiB))
+	}
+	if hi.DiskMiB < lo.DiskMiB {
+		errs = append(errs, fmt.Sprintf("max disk %d MiB is below the minimum %d MiB", hi.DiskMiB, lo.DiskMiB))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("scale: node sizes: %s", strings.Join(errs, "; "))
 	}
 	return nil
 }
@@ -92,11 +133,22 @@ type Observed struct {
 	StatefulSets []*appsv1.StatefulSet
 	Nodes        []*corev1.Node
 	// Booting names machines the provider has booted whose Node has not registered yet.
-	// They count as nodes of NodeSize: without them every pass during a boot would
-	// provision again.
-	Booting []string
+	// They count as nodes of their BootingSizes entry, or of NodeSize: without them
+	// every pass during a boot would provision again.
+	Booting      []string
+	BootingSizes map[string]NodeSize
+	// DaemonSets put a Pod on every node they select, so a new node keeps their
+	// requests from the Pods the simulation places there.
+	DaemonSets []*appsv1.DaemonSet
 
-	NodeSize NodeSize
+	// NodeSize is the smallest node to boot (and MaxPods of every node), MaxNodeSize the
+	// largest (a field of 0 is NodeSize's: the zero value boots every node at NodeSize).
+	// Each new node's size is chosen between them from the Pods placed on it.
+	NodeSize    NodeSize
+	MaxNodeSize NodeSize
+	// Reserve is what a node keeps from Pods (DefaultReserve for socialweb's node
+	// image); the zero value takes a node to give Pods its whole size.
+	Reserve Reserve
 	// MaxNodes caps the node count (registered + booting). 0 allows no nodes.
 	MaxNodes int
 	// Hold is how long a node must have had no workload Pod before it is removed.
@@ -105,6 +157,11 @@ type Observed struct {
 	// as capacity about to arrive (kubelet and CNI still starting); older, it is not a
 	// place pods can go. Zero: not-Ready nodes never take pods in the simulation.
 	NotReadyGrace time.Duration
+
+	// HostFull says the driver's last boot for this cluster waited for host capacity.
+	// Idle nodes past the hold then go before more are booted: the cluster's own idle
+	// nodes must not keep the host's memory from its waiting Pods.
+	HostFull bool
 
 	// IdleSince maps node name to when it was first seen without workload Pods, as the
 	// driver kept it from the previous Decision's IdleSince.
@@ -119,8 +176,11 @@ func (o *Observed) validate() error {
 	if o.Now.IsZero() {
 		return errors.New("scale: observation has no time")
 	}
-	if err := o.NodeSize.validate(); err != nil {
+	if err := ValidateRange(o.NodeSize, o.NodeSize.Upto(o.MaxNodeSize)); err != nil {
 		return err
+	}
+	if o.Reserve.MemoryMiB < 0 || o.Reserve.MemoryShare < 0 || o.Reserve.DiskMiB < 0 || o.Reserve.DiskShare < 0 {
+		return fmt.Errorf("scale: reserve %+v must not be negative", o.Reserve)
 	}
 	if o.MaxNodes < 0 {
 		return fmt.Errorf("scale: max nodes must not be negative, got %d", o.MaxNodes)
@@ -153,6 +213,11 @@ func (o *Observed) validate() error {
 			return errors.New("scale: nil statefulset in observation")
 		}
 	}
+	for _, d := range o.DaemonSets {
+		if d == nil {
+			return errors.New("scale: nil daemonset in observation")
+		}
+	}
 	return nil
 }
 
@@ -180,14 +245,45 @@ type Decision struct {
 	Need int
 	// Capped is true when MaxNodes kept Target below Need.
 	Capped bool
-	// NotProvisionable describes Pods no node of this size could ever run.
+	// NotProvisionable describes Pods no node of an allowed size could ever run.
 	NotProvisionable []string
+	// Unfit says the same per Pod (or workload, for Pods not created yet), once each:
+	// nothing is booted for them.
+	Unfit []Unfit
+	// New is each node to boot (Target-Current of them, Provision only): its size and
+	// what the simulation placed on it.
+	New []NewNode
 	// PendingSince is the creation time of the oldest real Pod among Unplaced (zero if
 	// none): the start of the pending-to-provision latency.
 	PendingSince time.Time
 	// IdleSince is the driver's state for the next pass. Adopt it only if this
 	// Decision's action was carried out; otherwise keep the previous one.
 	IdleSince map[string]time.Time
+}
+
+// Ref names what a demand came from: a Pod, or the Job, Deployment or StatefulSet whose
+// Pod does not exist yet.
+type Ref struct {
+	Kind, Namespace, Name string
+	UID                   types.UID
+}
+
+func (r Ref) String() string { return strings.ToLower(r.Kind) + " " + r.Namespace + "/" + r.Name }
+
+// Unfit is a Pod that no node this cluster may boot could run.
+type Unfit struct {
+	Ref Ref
+	// Why, e.g. "needs 16 CPU; the largest node is 8 vCPU".
+	Why string
+}
+
+// NewNode is one node to boot.
+type NewNode struct {
+	Size NodeSize
+	// For is what the simulation placed on it (a Ref may repeat: a Job's Pods).
+	For []Ref
+	// Why is its size in words: "1 pod needs 3 CPU, 5Gi memory: a 3 vCPU / 6144 MiB / 10 GiB node".
+	Why string
 }
 
 // String is a one-line summary, e.g. "Provision nodes=3: intent and no node".

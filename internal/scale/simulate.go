@@ -5,21 +5,26 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 )
 
-// The simulation answers "how many nodes of this size would the scheduler need": place
-// every Pod that wants a node first on the nodes we have (and those booting), then on
-// new ones, checking what the scheduler checks for these Pods (requests, pod count,
-// nodeSelector/affinity, taints, required anti-affinity). It is first-fit decreasing,
-// not the scheduler's scoring: it can only differ from the scheduler in how tightly it
-// packs, never in whether a Pod fits a node.
+// The simulation answers "how many nodes, of which sizes, would the scheduler need":
+// place every Pod that wants a node first on the nodes we have (and those booting), then
+// on new ones, checking what the scheduler checks for these Pods (requests, ephemeral
+// storage, pod count, nodeSelector/affinity, taints, required anti-affinity). It is
+// first-fit decreasing, not the scheduler's scoring. A new node may take Pods up to what
+// the largest size gives them (Reserve, DaemonSet Pods); once all are placed, it gets
+// the smallest size in steps that holds them. Fewer, fuller nodes: each VM costs its own
+// kernel, containerd and kubelet on the host, and MaxNodes counts VMs. It can differ
+// from the scheduler in how tightly it packs; a new node is modelled as giving Pods no
+// more than its kubelet will, so what it places on one fits there.
 
 // antiTerm is one required Pod anti-affinity term, parsed once.
 type antiTerm struct {
@@ -99,17 +104,30 @@ type simNode struct {
 	taints    []corev1.Taint
 	freeCPU   int64 // millicores
 	freeMem   int64 // bytes
+	freeEph   int64 // bytes of ephemeral storage, if ephKnown
+	ephKnown  bool  // the node reports ephemeral storage, or is modelled with a disk
 	freePods  int
 	pods      []podRef // live Pods, bound or placed
 	antiPods  int      // how many of pods carry anti-affinity terms
 	busy      bool     // a workload Pod is bound here
 	blocked   string   // why the node must not be removed, "" if it may
 	placed    int      // demands the simulation put here
+
+	// A node the simulation opens (fresh) is sized by what it holds, up to bound: the
+	// largest size, or the one instance type a Pod on it selects (pinned).
+	fresh      bool
+	pinned     bool
+	bound      NodeSize
+	need       resources // what the demands placed here request
+	daemon     resources // what the DaemonSet Pods it will run request
+	daemonPods int
+	refs       []Ref
 }
 
-func (n *simNode) add(r podRef, cpu, mem int64) {
-	n.freeCPU -= cpu
-	n.freeMem -= mem
+func (n *simNode) add(r podRef, req resources) {
+	n.freeCPU -= req.cpu
+	n.freeMem -= req.mem
+	n.freeEph -= req.eph
 	n.freePods--
 	n.pods = append(n.pods, r)
 	if len(r.anti) > 0 {
@@ -126,18 +144,52 @@ var transientTaints = map[string]bool{
 	"node.cloudprovider.kubernetes.io/uninitialized": true,
 }
 
+// daemon is a DaemonSet's Pod as every new node it selects will run it.
+type daemon struct {
+	ref         podRef
+	affinity    nodeaffinity.RequiredNodeAffinity
+	tolerations []corev1.Toleration
+	req         resources
+}
+
 type sim struct {
-	size     NodeSize
+	min, max NodeSize
+	reserve  Reserve
+	// ephModel: new nodes get a disk sized from ephemeral-storage requests (the largest
+	// size has one). Without, storage is not modelled on new nodes.
+	ephModel bool
+	daemons  []daemon
 	nodes    []*simNode // registered (by name), booting (by name), then new ones
 	byName   map[string]*simNode
 	known    int // len of registered + booting
 	newCount int
-	orphans  int      // live workload Pods bound to a node we do not see
-	probe    *simNode // an empty new node, for neverFits
+	orphans  int                   // live workload Pods bound to a node we do not see
+	probes   map[probeKey]*simNode // empty new nodes, for newNodeFor
+}
+
+type probeKey struct {
+	size   NodeSize
+	pinned bool
 }
 
 func newSim(o *Observed) *sim {
-	s := &sim{size: o.NodeSize, byName: make(map[string]*simNode, len(o.Nodes)+len(o.Booting))}
+	s := &sim{
+		min: o.NodeSize, max: o.NodeSize.Upto(o.MaxNodeSize), reserve: o.Reserve,
+		byName: make(map[string]*simNode, len(o.Nodes)+len(o.Booting)),
+	}
+	s.ephModel = s.max.DiskMiB > 0
+	for _, ds := range o.DaemonSets {
+		if ds.DeletionTimestamp != nil {
+			continue
+		}
+		t := &ds.Spec.Template
+		s.daemons = append(s.daemons, daemon{
+			ref:         podRef{namespace: ds.Namespace, labels: t.Labels, anti: parseAntiTerms(ds.Namespace, t.Labels, t.Spec.Affinity)},
+			affinity:    nodeaffinity.NewRequiredNodeAffinity(t.Spec.NodeSelector, t.Spec.Affinity),
+			tolerations: t.Spec.Tolerations,
+			req:         requestsOf(&t.Spec),
+		})
+	}
 	for _, n := range o.Nodes {
 		if _, dup := s.byName[n.Name]; dup {
 			continue
@@ -153,6 +205,10 @@ func newSim(o *Observed) *sim {
 		}
 		if q, ok := alloc[corev1.ResourceMemory]; ok {
 			sn.freeMem = q.Value()
+		}
+		// A kubelet always reports it; a Node that does not (a test's) is not limited by it.
+		if q, ok := alloc[corev1.ResourceEphemeralStorage]; ok {
+			sn.freeEph, sn.ephKnown = q.Value(), true
 		}
 		sn.freePods = 110 // the kubelet's default maxPods
 		if q, ok := alloc[corev1.ResourcePods]; ok {
@@ -175,7 +231,14 @@ func newSim(o *Observed) *sim {
 		if _, dup := s.byName[name]; dup {
 			continue // registered already, or listed twice
 		}
-		sn := s.freshNode(name)
+		size, ok := o.BootingSizes[name]
+		if !ok || size.CPUs <= 0 || size.MemoryMiB <= 0 {
+			size = s.min
+		}
+		if size.MaxPods <= 0 {
+			size.MaxPods = s.min.MaxPods
+		}
+		sn := s.sizedNode(name, size)
 		s.nodes = append(s.nodes, sn)
 		s.byName[name] = sn
 	}
@@ -195,8 +258,7 @@ func newSim(o *Observed) *sim {
 			}
 			continue
 		}
-		cpu, mem := podRequests(&p.Spec)
-		n.add(podRef{namespace: p.Namespace, labels: p.Labels, anti: parseAntiTerms(p.Namespace, p.Labels, p.Spec.Affinity)}, cpu, mem)
+		n.add(podRef{namespace: p.Namespace, labels: p.Labels, anti: parseAntiTerms(p.Namespace, p.Labels, p.Spec.Affinity)}, requestsOf(&p.Spec))
 		if isWorkload(p) {
 			n.busy = true
 		}
@@ -207,15 +269,64 @@ func newSim(o *Observed) *sim {
 	return s
 }
 
-// freshNode is an empty node of the configured size, labelled as the driver boots it.
-func (s *sim) freshNode(name string) *simNode {
-	return &simNode{
+// sizedNode is an empty booting node of size, labelled as the driver boots it, with the
+// DaemonSet Pods it will run.
+func (s *sim) sizedNode(name string, size NodeSize) *simNode {
+	a := s.reserve.allocatable(size)
+	n := &simNode{
 		name:      name,
-		node:      &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: NodeLabels(name, s.size)}},
+		node:      &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: NodeLabels(name, size)}},
 		placeable: true,
-		freeCPU:   s.size.CPUs * 1000,
-		freeMem:   s.size.MemoryMiB << 20,
-		freePods:  s.size.MaxPods,
+		freeCPU:   a.cpu,
+		freeMem:   a.mem,
+		freeEph:   a.eph,
+		ephKnown:  size.DiskMiB > 0,
+		freePods:  size.MaxPods,
+	}
+	s.addDaemons(n)
+	return n
+}
+
+// openNode is an empty new node that may grow to the largest size, or, pinned, to pin's
+// CPUs and memory (and the largest disk). Unpinned, it carries no instance type yet:
+// that follows from the size chosen once it is full.
+func (s *sim) openNode(name string, pin *NodeSize) *simNode {
+	bound := s.max
+	if pin != nil {
+		bound.CPUs, bound.MemoryMiB = pin.CPUs, pin.MemoryMiB
+	}
+	lbls := NodeLabels(name, bound)
+	if pin == nil {
+		delete(lbls, corev1.LabelInstanceTypeStable)
+	}
+	a := s.reserve.allocatable(bound)
+	n := &simNode{
+		name:      name,
+		node:      &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: lbls}},
+		placeable: true,
+		freeCPU:   a.cpu,
+		freeMem:   a.mem,
+		freeEph:   a.eph,
+		ephKnown:  s.ephModel,
+		freePods:  bound.MaxPods,
+		fresh:     true,
+		pinned:    pin != nil,
+		bound:     bound,
+	}
+	s.addDaemons(n)
+	return n
+}
+
+// addDaemons puts on n the Pods of the DaemonSets that select it.
+func (s *sim) addDaemons(n *simNode) {
+	for i := range s.daemons {
+		d := &s.daemons[i]
+		if ok, err := d.affinity.Match(n.node); err != nil || !ok {
+			continue
+		}
+		n.add(d.ref, d.req)
+		n.daemon = n.daemon.plus(d.req)
+		n.daemonPods++
 	}
 }
 
@@ -230,7 +341,7 @@ func nodeReady(n *corev1.Node) bool {
 
 // fits reports whether d can go on n given everything placed so far.
 func (s *sim) fits(d *demand, n *simNode) bool {
-	if !n.placeable || n.freePods < 1 || d.cpu > n.freeCPU || d.mem > n.freeMem {
+	if !n.placeable || !capacityFits(d, n) {
 		return false
 	}
 	for i := range n.taints {
@@ -242,6 +353,10 @@ func (s *sim) fits(d *demand, n *simNode) bool {
 		return false
 	}
 	return s.antiAffinityOK(d, n)
+}
+
+func capacityFits(d *demand, n *simNode) bool {
+	return n.freePods >= 1 && d.cpu <= n.freeCPU && d.mem <= n.freeMem && (!n.ephKnown || d.eph <= n.freeEph)
 }
 
 func tolerated(tols []corev1.Toleration, t *corev1.Taint) bool {
@@ -306,26 +421,10 @@ func conflicts(t *antiTerm, n *simNode) bool {
 }
 
 func (s *sim) put(d *demand, n *simNode) {
-	n.add(podRef{namespace: d.namespace, labels: d.labels, anti: d.anti}, d.cpu, d.mem)
+	n.add(podRef{namespace: d.namespace, labels: d.labels, anti: d.anti}, d.requests())
 	n.placed++
-}
-
-// neverFits says why d could not run on an empty node of the configured size, or "".
-func (s *sim) neverFits(d *demand) string {
-	if d.cpu > s.size.CPUs*1000 {
-		return fmt.Sprintf("%s requests %s CPU, more than a %d-CPU node: not provisionable", d.key, fmtCPU(d.cpu), s.size.CPUs)
-	}
-	if d.mem > s.size.MemoryMiB<<20 {
-		return fmt.Sprintf("%s requests %s memory, more than a %dMi node: not provisionable",
-			d.key, resource.NewQuantity(d.mem, resource.BinarySI).String(), s.size.MemoryMiB)
-	}
-	if s.probe == nil {
-		s.probe = s.freshNode(newNodeName(0))
-	}
-	if ok, err := d.affinity.Match(s.probe.node); err != nil || !ok {
-		return fmt.Sprintf("%s selects nodes by labels no new node carries: not provisionable", d.key)
-	}
-	return ""
+	n.need = n.need.plus(d.requests())
+	n.refs = append(n.refs, d.ref)
 }
 
 // newNodeName names the k-th simulated node. The parentheses make it an invalid label
@@ -344,7 +443,15 @@ type placement struct {
 	unplaced         int // demands that needed a new node (placed there or overflowed)
 	overflow         int // demands left over after newLimit new nodes
 	notProvisionable []string
+	unfit            []Unfit
 	pendingSince     metav1.Time
+}
+
+func (res *placement) refuse(d *demand, v *verdict) {
+	res.notProvisionable = append(res.notProvisionable, v.long)
+	if !slices.ContainsFunc(res.unfit, func(u Unfit) bool { return u.Ref == d.ref }) {
+		res.unfit = append(res.unfit, Unfit{Ref: d.ref, Why: v.short})
+	}
 }
 
 // place puts every demand somewhere, opening at most newLimit new nodes.
@@ -355,6 +462,9 @@ func (s *sim) place(ds []*demand, newLimit int) placement {
 			return c
 		}
 		if c := cmp.Compare(b.mem, a.mem); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(b.eph, a.eph); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.key, b.key)
@@ -368,8 +478,9 @@ next:
 				continue next
 			}
 		}
-		if why := s.neverFits(d); why != "" {
-			res.notProvisionable = append(res.notProvisionable, why)
+		pin, why := s.newNodeFor(d)
+		if why != nil {
+			res.refuse(d, why)
 			continue
 		}
 		res.unplaced++
@@ -386,11 +497,14 @@ next:
 			res.overflow++
 			continue
 		}
-		n := s.freshNode(newNodeName(s.newCount + 1))
+		n := s.openNode(newNodeName(s.newCount+1), pin)
 		if !s.fits(d, n) {
 			// Only anti-affinity over a topology wider than one node gets here.
 			res.unplaced--
-			res.notProvisionable = append(res.notProvisionable, d.key+" is kept off every new node by required anti-affinity: not provisionable")
+			res.refuse(d, &verdict{
+				long:  d.key + " is kept off every new node by required anti-affinity: not provisionable",
+				short: "is kept off every new node by its required anti-affinity",
+			})
 			continue
 		}
 		s.newCount++
@@ -398,4 +512,204 @@ next:
 		s.put(d, n)
 	}
 	return res
+}
+
+// verdict says why a demand fits no new node: long for the Decision's reason, short for
+// an Event on the Pod.
+type verdict struct{ long, short string }
+
+// newNodeFor says which new node d could run on alone: any size up to the largest (nil
+// pin), or one of the instance types it selects; or why none.
+func (s *sim) newNodeFor(d *demand) (*NodeSize, *verdict) {
+	if p := s.probe(nil); s.labelsMatch(d, p) {
+		return nil, s.capacityVerdict(d, p)
+	}
+	var pins []NodeSize
+	var outside []string
+	for _, t := range d.types {
+		c, m, ok := ParseInstanceType(t)
+		switch {
+		case !ok:
+		case c < s.min.CPUs || c > s.max.CPUs || m < s.min.MemoryMiB || m > s.max.MemoryMiB:
+			outside = append(outside, t)
+		default:
+			pins = append(pins, NodeSize{CPUs: c, MemoryMiB: m, DiskMiB: s.max.DiskMiB, MaxPods: s.max.MaxPods})
+		}
+	}
+	slices.SortFunc(pins, func(a, b NodeSize) int {
+		return cmp.Or(cmp.Compare(a.CPUs, b.CPUs), cmp.Compare(a.MemoryMiB, b.MemoryMiB))
+	})
+	var tooSmall *verdict
+	for i := range pins {
+		p := s.probe(&pins[i])
+		if !s.labelsMatch(d, p) {
+			continue
+		}
+		v := s.capacityVerdict(d, p)
+		if v == nil {
+			return &pins[i], nil
+		}
+		if tooSmall == nil {
+			tooSmall = v
+		}
+	}
+	switch {
+	case tooSmall != nil:
+		return nil, tooSmall
+	case len(outside) > 0:
+		rng := fmt.Sprintf("%d-%d vCPU, %d-%d MiB", s.min.CPUs, s.max.CPUs, s.min.MemoryMiB, s.max.MemoryMiB)
+		return nil, &verdict{
+			long:  fmt.Sprintf("%s selects instance type %s, outside this cluster's node sizes (%s): not provisionable", d.key, strings.Join(outside, ", "), rng),
+			short: fmt.Sprintf("selects instance type %s; this cluster's nodes are %s", strings.Join(outside, ", "), rng),
+		}
+	}
+	return nil, &verdict{
+		long:  d.key + " selects nodes by labels no new node carries: not provisionable",
+		short: "selects nodes by labels no new node carries",
+	}
+}
+
+// probe is an empty new node (of pin's type, or unpinned), for newNodeFor's checks.
+func (s *sim) probe(pin *NodeSize) *simNode {
+	key := probeKey{size: s.max}
+	if pin != nil {
+		key = probeKey{size: *pin, pinned: true}
+	}
+	if s.probes == nil {
+		s.probes = map[probeKey]*simNode{}
+	}
+	p := s.probes[key]
+	if p == nil {
+		p = s.openNode(newNodeName(0), pin)
+		s.probes[key] = p
+	}
+	return p
+}
+
+func (s *sim) labelsMatch(d *demand, n *simNode) bool {
+	ok, err := d.affinity.Match(n.node)
+	return err == nil && ok
+}
+
+// capacityVerdict says why d does not fit the empty new node n, or nil if it does.
+func (s *sim) capacityVerdict(d *demand, n *simNode) *verdict {
+	largest := "the largest node"
+	if n.pinned {
+		largest = "a " + n.bound.InstanceType() + " node"
+	}
+	switch {
+	case d.cpu > n.freeCPU:
+		if n.freeCPU == n.bound.CPUs*1000 {
+			return &verdict{
+				long:  fmt.Sprintf("%s requests %s CPU, more than a %d-CPU node: not provisionable", d.key, fmtCPU(d.cpu), n.bound.CPUs),
+				short: fmt.Sprintf("needs %s CPU; %s is %d vCPU", fmtCPU(d.cpu), largest, n.bound.CPUs),
+			}
+		}
+		return &verdict{
+			long: fmt.Sprintf("%s requests %s CPU, more than the %s a %d-CPU node has beside its DaemonSet Pods: not provisionable",
+				d.key, fmtCPU(d.cpu), fmtCPU(max(n.freeCPU, 0)), n.bound.CPUs),
+			short: fmt.Sprintf("needs %s CPU; %s is %d vCPU, %s beside its DaemonSet Pods", fmtCPU(d.cpu), largest, n.bound.CPUs, fmtCPU(max(n.freeCPU, 0))),
+		}
+	case d.mem > n.freeMem:
+		if n.freeMem == n.bound.MemoryMiB<<20 {
+			return &verdict{
+				long:  fmt.Sprintf("%s requests %s memory, more than a %dMi node: not provisionable", d.key, fmtBytes(d.mem, true), n.bound.MemoryMiB),
+				short: fmt.Sprintf("needs %s memory; %s is %d MiB", fmtBytes(d.mem, true), largest, n.bound.MemoryMiB),
+			}
+		}
+		return &verdict{
+			long: fmt.Sprintf("%s requests %s memory, more than the %s a %dMi node gives Pods: not provisionable",
+				d.key, fmtBytes(d.mem, true), fmtBytes(max(n.freeMem, 0), false), n.bound.MemoryMiB),
+			short: fmt.Sprintf("needs %s memory; %s (%d MiB) gives Pods %s", fmtBytes(d.mem, true), largest, n.bound.MemoryMiB, fmtBytes(max(n.freeMem, 0), false)),
+		}
+	case n.ephKnown && d.eph > n.freeEph:
+		return &verdict{
+			long: fmt.Sprintf("%s requests %s ephemeral storage, more than the %s a %s node disk gives Pods: not provisionable",
+				d.key, fmtBytes(d.eph, true), fmtBytes(max(n.freeEph, 0), false), fmtMiB(n.bound.DiskMiB)),
+			short: fmt.Sprintf("needs %s ephemeral storage; %s's disk (%s) gives Pods %s", fmtBytes(d.eph, true), largest, fmtMiB(n.bound.DiskMiB), fmtBytes(max(n.freeEph, 0), false)),
+		}
+	case n.freePods < 1:
+		return &verdict{
+			long:  fmt.Sprintf("%s does not fit: DaemonSet Pods take all %d Pods a node may run: not provisionable", d.key, n.bound.MaxPods),
+			short: fmt.Sprintf("DaemonSet Pods take all %d Pods a node may run", n.bound.MaxPods),
+		}
+	}
+	return nil
+}
+
+// fmtBytes is a quantity in Gi or Mi, rounded up (a request) or down (what is offered)
+// to whole MiB.
+func fmtBytes(b int64, up bool) string {
+	mib := b >> 20
+	if up && b&(1<<20-1) != 0 {
+		mib++
+	}
+	if mib%1024 == 0 && mib > 0 {
+		return strconv.FormatInt(mib/1024, 10) + "Gi"
+	}
+	return strconv.FormatInt(mib, 10) + "Mi"
+}
+
+// chosen is the size of a new node: the smallest, in steps, that holds what was placed
+// there and its DaemonSet Pods.
+func (s *sim) chosen(n *simNode) NodeSize {
+	lo, hi := s.min, n.bound
+	if n.pinned {
+		lo.CPUs, lo.MemoryMiB = hi.CPUs, hi.MemoryMiB
+	}
+	need := n.need.plus(n.daemon)
+	if !s.ephModel {
+		need.eph = 0
+	}
+	size, ok := s.reserve.fit(need, lo, hi)
+	if !ok {
+		return hi // placement kept need within hi's allocatable; not reached
+	}
+	return size
+}
+
+// newNodes describes the first k new nodes, in the order they were opened.
+func (s *sim) newNodes(k int) []NewNode {
+	fresh := s.nodes[s.known:]
+	out := make([]NewNode, 0, min(k, len(fresh)))
+	for _, n := range fresh[:min(k, len(fresh))] {
+		size := s.chosen(n)
+		out = append(out, NewNode{Size: size, For: n.refs, Why: s.describe(n, size)})
+	}
+	return out
+}
+
+// describe is the size of n in words: what its Pods need, and the size that holds it.
+func (s *sim) describe(n *simNode, size NodeSize) string {
+	out := plural(n.placed, "pod") + " " + verb(n.placed, "needs", "need") + " " + fmtNeed(n.need)
+	if n.daemonPods > 0 {
+		out += fmt.Sprintf(" (and %s: %s)", plural(n.daemonPods, "DaemonSet pod"), fmtNeed(n.daemon))
+	}
+	out += ": a " + size.String() + " node"
+	switch {
+	case n.pinned:
+		out += " (the instance type selected)"
+	case size == s.min:
+		out += " (the smallest)"
+	case size == s.max:
+		out += " (the largest)"
+	}
+	return out
+}
+
+func fmtNeed(r resources) string {
+	var parts []string
+	if r.cpu > 0 {
+		parts = append(parts, fmtCPU(r.cpu)+" CPU")
+	}
+	if r.mem > 0 {
+		parts = append(parts, fmtBytes(r.mem, true)+" memory")
+	}
+	if r.eph > 0 {
+		parts = append(parts, fmtBytes(r.eph, true)+" ephemeral storage")
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, ", ")
 }

@@ -31,8 +31,15 @@ import (
 type Config struct {
 	// Cluster is the tenant cluster's name; node names and metrics labels derive from it.
 	Cluster string
-	// NodeSize is the size of every node booted. MaxPods 0 means 110, the kubelet default.
-	NodeSize scale.NodeSize
+	// NodeSize is the smallest node booted (and MaxPods of every node; 0 means 110, the
+	// kubelet default), MaxNodeSize the largest (a field of 0 is NodeSize's: a fixed
+	// size). Each node's size is chosen between them from the Pods it is for.
+	NodeSize    scale.NodeSize
+	MaxNodeSize scale.NodeSize
+	// Reserve is what a node keeps from its Pods (scale.DefaultReserve for socialweb's
+	// node image); the zero value takes a node to give Pods its whole size, as the fake
+	// provider's Nodes do.
+	Reserve scale.Reserve
 	// MaxNodes caps registered + booting nodes.
 	MaxNodes int
 	// Hold is how long a node must have had no workload Pod before removal (default 1m).
@@ -74,6 +81,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.NodeSize.CPUs <= 0 || c.NodeSize.MemoryMiB <= 0 || c.NodeSize.MaxPods < 0 {
 		return c, fmt.Errorf("scaledriver: cluster %s: node size %+v must be positive", c.Cluster, c.NodeSize)
 	}
+	if err := scale.ValidateRange(c.NodeSize, c.NodeSize.Upto(c.MaxNodeSize)); err != nil {
+		return c, fmt.Errorf("scaledriver: cluster %s: %w", c.Cluster, err)
+	}
 	if c.MaxNodes < 0 {
 		return c, fmt.Errorf("scaledriver: cluster %s: max nodes %d is negative", c.Cluster, c.MaxNodes)
 	}
@@ -109,6 +119,10 @@ type StatusRecorder interface {
 	// RecordNodeAccelerator reports the accelerator new nodes boot under (kvm, tcg) and
 	// why; called when the provider implements nodes.AcceleratorReporter and it changed.
 	RecordNodeAccelerator(ctx context.Context, cluster, accel, reason string) error
+	// RecordPodsProvisionable reports whether every Pod that wants a node gets one: not
+	// ok when some fit no node size the cluster may boot (PodsExceedNodeSize) or wait
+	// for host capacity (WaitingForHostCapacity), one Pod per line; called when it changed.
+	RecordPodsProvisionable(ctx context.Context, cluster string, ok bool, reason, message string) error
 }
 
 // Deps are the driver's collaborators. Tenant and Provider are required.
@@ -151,6 +165,7 @@ type Driver struct {
 	jobs         batchlisters.JobLister
 	deployments  appslisters.DeploymentLister
 	statefulSets appslisters.StatefulSetLister
+	daemonSets   appslisters.DaemonSetLister
 	synced       []cache.InformerSynced
 	kick         chan struct{}
 
@@ -165,6 +180,14 @@ type Driver struct {
 	network string
 	// accel is the accelerator report last recorded ("" before the first); guarded by passMu.
 	accel string
+	// waiting are the nodes the last provisioning could not boot for host capacity;
+	// guarded by passMu.
+	waiting []capacityWait
+	// told are the Pod Events written for the problems still current (ref and reason), so
+	// each is told once; provisionable is the PodsProvisionable report last recorded.
+	// Guarded by passMu.
+	told          map[podProblemKey]bool
+	provisionable string
 }
 
 // New builds a driver; it registers metrics but does no I/O.
@@ -183,6 +206,7 @@ func New(cfg Config, deps Deps) (*Driver, error) {
 	d := &Driver{
 		cfg: cfg, tenant: deps.Tenant, provider: deps.Provider, status: deps.Status, metrics: m,
 		now: deps.Clock, log: deps.Logger, kick: make(chan struct{}, 1), idleSince: map[string]time.Time{},
+		told: map[podProblemKey]bool{},
 	}
 	if d.now == nil {
 		d.now = time.Now
@@ -210,6 +234,7 @@ func New(cfg Config, deps Deps) (*Driver, error) {
 		d.factory.Batch().V1().Jobs().Informer(),
 		d.factory.Apps().V1().Deployments().Informer(),
 		d.factory.Apps().V1().StatefulSets().Informer(),
+		d.factory.Apps().V1().DaemonSets().Informer(),
 	} {
 		reg, err := inf.AddEventHandler(handler)
 		if err != nil {
@@ -222,6 +247,7 @@ func New(cfg Config, deps Deps) (*Driver, error) {
 	d.jobs = d.factory.Batch().V1().Jobs().Lister()
 	d.deployments = d.factory.Apps().V1().Deployments().Lister()
 	d.statefulSets = d.factory.Apps().V1().StatefulSets().Lister()
+	d.daemonSets = d.factory.Apps().V1().DaemonSets().Lister()
 	return d, nil
 }
 

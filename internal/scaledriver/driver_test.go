@@ -55,6 +55,7 @@ type recStatus struct {
 	boots   []bootCall
 	network []bootCall
 	accels  []string
+	pods    []bootCall
 }
 
 type bootCall struct {
@@ -100,6 +101,22 @@ func (s *recStatus) RecordNodeAccelerator(_ context.Context, c, accel, reason st
 	defer s.mu.Unlock()
 	s.accels = append(s.accels, accel+": "+reason)
 	return nil
+}
+
+func (s *recStatus) RecordPodsProvisionable(_ context.Context, c string, ok bool, reason, message string) error {
+	if c != cluster {
+		return fmt.Errorf("cluster %q", c)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pods = append(s.pods, bootCall{ok, reason, message})
+	return nil
+}
+
+func (s *recStatus) getPods() []bootCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.pods)
 }
 
 func (s *recStatus) getAccels() []string {

@@ -47,7 +47,14 @@ func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
 	}
 	d.metrics.decided(d.cfg.Cluster, dec)
 
-	if err := d.perform(ctx, dec); err != nil {
+	waits, err := d.perform(ctx, dec)
+	// Waiting is known from passes that tried to boot, and over once nothing is unplaced;
+	// a pass between (idle nodes going first) keeps it.
+	if dec.Action == scale.Provision || dec.Unplaced == 0 {
+		d.waiting = waits
+	}
+	d.reportPods(ctx, dec)
+	if err != nil {
 		d.metrics.failed(d.cfg.Cluster, dec, dec.Current)
 		err = fmt.Errorf("scaledriver: cluster %s: %s: %w", d.cfg.Cluster, dec.Action, err)
 		d.event(ctx, dec, corev1.EventTypeWarning, string(dec.Action)+"Failed", dec.Reason+"; failed: "+err.Error())
@@ -59,14 +66,20 @@ func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
 		delete(next, name)
 	}
 	d.idleSince = next
-	d.metrics.succeeded(d.cfg.Cluster, dec, d.now())
+	// A node that waits for host capacity was not booted: it is no node yet.
+	count := dec.Target - len(waits)
+	d.metrics.succeeded(d.cfg.Cluster, dec, count, d.now())
 
-	if dec.Action == scale.None || dec.Action == scale.Hold {
+	if dec.Action == scale.None || dec.Action == scale.Hold || count == dec.Current {
 		return dec, nil
 	}
-	d.event(ctx, dec, corev1.EventTypeNormal, string(dec.Action), dec.Reason)
+	reason := dec.Reason
+	if len(waits) > 0 {
+		reason += fmt.Sprintf("; %s waiting for host capacity", plural(len(waits), "node"))
+	}
+	d.event(ctx, dec, corev1.EventTypeNormal, string(dec.Action), reason)
 	if d.status != nil {
-		if err := d.status.RecordDecision(ctx, d.cfg.Cluster, dec, dec.Target); err != nil {
+		if err := d.status.RecordDecision(ctx, d.cfg.Cluster, dec, count); err != nil {
 			// The nodes did change; only the report failed, so the state stays advanced.
 			return dec, fmt.Errorf("scaledriver: cluster %s: record status: %w", d.cfg.Cluster, err)
 		}
@@ -99,6 +112,9 @@ func (d *Driver) observe(ctx context.Context) (scale.Observed, []failedMachine, 
 	o := scale.Observed{
 		Synced:        true,
 		NodeSize:      d.cfg.NodeSize,
+		MaxNodeSize:   d.cfg.MaxNodeSize,
+		Reserve:       d.cfg.Reserve,
+		HostFull:      len(d.waiting) > 0,
 		MaxNodes:      d.cfg.MaxNodes,
 		Hold:          d.cfg.Hold,
 		NotReadyGrace: d.cfg.NotReadyGrace,
@@ -119,6 +135,7 @@ func (d *Driver) observe(ctx context.Context) (scale.Observed, []failedMachine, 
 	list("jobs", func() (e error) { o.Jobs, e = d.jobs.List(everything); return })
 	list("deployments", func() (e error) { o.Deployments, e = d.deployments.List(everything); return })
 	list("statefulsets", func() (e error) { o.StatefulSets, e = d.statefulSets.List(everything); return })
+	list("daemonsets", func() (e error) { o.DaemonSets, e = d.daemonSets.List(everything); return })
 	if err != nil {
 		return scale.Observed{}, nil, nil, err
 	}
@@ -159,6 +176,12 @@ func (d *Driver) observe(ctx context.Context) (scale.Observed, []failedMachine, 
 			}
 			o.Booting = append(o.Booting, in.Name)
 			booting[in.Name] = in.Created
+			if in.CPUs > 0 && in.MemoryMiB > 0 {
+				if o.BootingSizes == nil {
+					o.BootingSizes = map[string]scale.NodeSize{}
+				}
+				o.BootingSizes[in.Name] = scale.NodeSize{CPUs: in.CPUs, MemoryMiB: in.MemoryMiB, DiskMiB: in.DiskMiB, MaxPods: d.cfg.NodeSize.MaxPods}
+			}
 		default:
 			// Past the deadline by the cache. The cache may lag a Node that registered just
 			// now (and may already have a Pod bound), so the apiserver has the last word.
@@ -258,7 +281,7 @@ func (d *Driver) reportAccelerator(ctx context.Context) {
 	}
 	accel, why := r.Accelerator()
 	report := accel + "\n" + why
-	if report == d.accel {
+	if accel == "" || report == d.accel {
 		return
 	}
 	if d.accel != "" {
@@ -283,18 +306,47 @@ func (d *Driver) joined(ctx context.Context, j joinedMachine) {
 	}
 }
 
+// capacityWait is a node the host had no room for.
+type capacityWait struct {
+	node scale.NewNode
+	why  string // the provider's CapacityError reason
+}
+
 // perform carries dec out. Provider calls run concurrently, CreateParallelism at a time.
-func (d *Driver) perform(ctx context.Context, dec scale.Decision) error {
+// A node the host has no room for now is no failure: it is returned, to be reported and
+// tried again next pass.
+func (d *Driver) perform(ctx context.Context, dec scale.Decision) ([]capacityWait, error) {
 	switch dec.Action {
 	case scale.Provision:
-		return d.parallel(dec.Target-dec.Current, func(int) error { return d.create(ctx) })
+		var (
+			mu    sync.Mutex
+			waits []capacityWait
+		)
+		err := d.parallel(dec.Target-dec.Current, func(i int) error {
+			n := scale.NewNode{Size: d.cfg.NodeSize}
+			if i < len(dec.New) {
+				n = dec.New[i]
+			}
+			err := d.create(ctx, n.Size)
+			var ce *nodes.CapacityError
+			if errors.As(err, &ce) {
+				d.log.Debug("node waits for host capacity", "size", n.Size.String(), "reason", ce.Reason)
+				d.metrics.capacityWait(d.cfg.Cluster)
+				mu.Lock()
+				waits = append(waits, capacityWait{node: n, why: ce.Reason})
+				mu.Unlock()
+				return nil
+			}
+			return err
+		})
+		return waits, err
 	case scale.ScaleDown, scale.Teardown:
 		if !equal(dec.Cordon, dec.Remove) {
-			return fmt.Errorf("decision removes %v but cordons %v", dec.Remove, dec.Cordon)
+			return nil, fmt.Errorf("decision removes %v but cordons %v", dec.Remove, dec.Cordon)
 		}
-		return d.parallel(len(dec.Remove), func(i int) error { return d.remove(ctx, dec.Remove[i]) })
+		return nil, d.parallel(len(dec.Remove), func(i int) error { return d.remove(ctx, dec.Remove[i]) })
 	}
-	return nil
+	return nil, nil
 }
 
 func (d *Driver) parallel(n int, f func(i int) error) error {
@@ -320,16 +372,15 @@ func (d *Driver) parallel(n int, f func(i int) error) error {
 	return errors.Join(errs...)
 }
 
-func (d *Driver) create(ctx context.Context) error {
+func (d *Driver) create(ctx context.Context, size scale.NodeSize) error {
 	// A fresh name per attempt: a failed boot's name is never reused.
 	name, err := nodes.NewNodeName(d.cfg.Cluster)
 	if err != nil {
 		return err
 	}
-	size := d.cfg.NodeSize
 	_, err = d.provider.Create(ctx, nodes.NodeRequest{
 		Cluster: d.cfg.Cluster, Name: name,
-		CPUs: size.CPUs, MemoryMiB: size.MemoryMiB, MaxPods: size.MaxPods,
+		CPUs: size.CPUs, MemoryMiB: size.MemoryMiB, DiskMiB: size.DiskMiB, MaxPods: size.MaxPods,
 		Labels: scale.NodeLabels(name, size),
 	})
 	if err != nil {

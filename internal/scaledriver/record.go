@@ -25,6 +25,12 @@ const maxNote = 1024
 // nodes a decision is about may not exist yet (or any more). Failing to write one is
 // logged, never fatal: the Event reports a change, it is not the change.
 func (d *Driver) event(ctx context.Context, dec scale.Decision, typ, reason, note string) {
+	d.writeEvent(ctx, d.cfg.EventNamespace, corev1.ObjectReference{APIVersion: "v1", Kind: "Namespace", Name: d.cfg.EventNamespace}, typ, reason, note)
+}
+
+// writeEvent writes an Event in namespace about regarding (which must be in it, or
+// cluster-scoped).
+func (d *Driver) writeEvent(ctx context.Context, namespace string, regarding corev1.ObjectReference, typ, reason, note string) {
 	if len(note) > maxNote {
 		note = note[:maxNote-3] + "..."
 	}
@@ -33,7 +39,7 @@ func (d *Driver) event(ctx context.Context, dec scale.Decision, typ, reason, not
 	ev := &eventsv1.Event{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      d.cfg.Cluster + "-scale." + hex.EncodeToString(suffix[:]),
-			Namespace: d.cfg.EventNamespace,
+			Namespace: namespace,
 		},
 		EventTime:           metav1.NewMicroTime(d.now()),
 		ReportingController: reportingController,
@@ -42,9 +48,9 @@ func (d *Driver) event(ctx context.Context, dec scale.Decision, typ, reason, not
 		Reason:              reason,
 		Type:                typ,
 		Note:                note,
-		Regarding:           corev1.ObjectReference{APIVersion: "v1", Kind: "Namespace", Name: d.cfg.EventNamespace},
+		Regarding:           regarding,
 	}
-	if _, err := d.tenant.EventsV1().Events(d.cfg.EventNamespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	if _, err := d.tenant.EventsV1().Events(namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 		d.log.Warn("record scale event", "reason", reason, "err", err)
 	}
 }
@@ -56,6 +62,8 @@ type metrics struct {
 	nodes     *prometheus.GaugeVec
 	pending   *prometheus.HistogramVec
 	nodeFails *prometheus.CounterVec
+	unfit     *prometheus.GaugeVec
+	waits     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -81,6 +89,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "socialweb_node_failures_total",
 			Help: "Machines deleted because their VM stopped on its own (VMExited), their kernel never started (EarlyBootStall) or their Node did not register in time (JoinTimeout).",
 		}, []string{"cluster", "reason"}),
+		unfit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "socialweb_scale_unprovisionable_pods",
+			Help: "Pods (or workloads whose Pods do not exist yet) that fit no node size the cluster may boot, at the last scale pass.",
+		}, []string{"cluster"}),
+		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "socialweb_scale_host_capacity_waits_total",
+			Help: "Node boots put off because the host lacked the memory or disk for them; they are tried again on later passes.",
+		}, []string{"cluster"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -99,6 +115,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.nodeFails, err = register(reg, m.nodeFails); err != nil {
+		return nil, err
+	}
+	if m.unfit, err = register(reg, m.unfit); err != nil {
+		return nil, err
+	}
+	if m.waits, err = register(reg, m.waits); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -126,15 +148,25 @@ func (m *metrics) failed(cluster string, d scale.Decision, nodes int) {
 	m.nodes.WithLabelValues(cluster).Set(float64(nodes))
 }
 
-func (m *metrics) succeeded(cluster string, d scale.Decision, now time.Time) {
-	m.nodes.WithLabelValues(cluster).Set(float64(d.Target))
-	if d.Action == scale.Provision && !d.PendingSince.IsZero() {
+// succeeded records a decision carried out, leaving the cluster with nodes nodes (fewer
+// than its target when some wait for host capacity).
+func (m *metrics) succeeded(cluster string, d scale.Decision, nodes int, now time.Time) {
+	m.nodes.WithLabelValues(cluster).Set(float64(nodes))
+	if d.Action == scale.Provision && nodes > d.Current && !d.PendingSince.IsZero() {
 		m.pending.WithLabelValues(cluster).Observe(now.Sub(d.PendingSince).Seconds())
 	}
 }
 
 func (m *metrics) nodeFailed(cluster, reason string) {
 	m.nodeFails.WithLabelValues(cluster, reason).Inc()
+}
+
+func (m *metrics) unprovisionable(cluster string, n int) {
+	m.unfit.WithLabelValues(cluster).Set(float64(n))
+}
+
+func (m *metrics) capacityWait(cluster string) {
+	m.waits.WithLabelValues(cluster).Inc()
 }
 
 // forget drops a stopped driver's series, so a deleted cluster does not linger.
@@ -145,4 +177,6 @@ func (m *metrics) forget(cluster string) {
 	m.nodes.DeletePartialMatch(l)
 	m.pending.DeletePartialMatch(l)
 	m.nodeFails.DeletePartialMatch(l)
+	m.unfit.DeletePartialMatch(l)
+	m.waits.DeletePartialMatch(l)
 }

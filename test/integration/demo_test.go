@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -86,7 +87,7 @@ wait:
 		}
 	}
 	for _, pid := range vms {
-		if syscall.Kill(pid, 0) == nil {
+		if running(pid) {
 			t.Errorf("the node VM (pid %d) still runs", pid)
 		}
 	}
@@ -103,4 +104,15 @@ wait:
 	if !strings.Contains(out.String(), "stopped node VMs:") {
 		t.Errorf("the demo's exit path did not say it stopped the node VM (socialweb down)")
 	}
+}
+
+// running reports whether pid is a live process: not gone and not a zombie (a VM whose
+// daemon died is reparented to PID 1, which may reap it late).
+func running(pid int) bool {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return i < 0 || len(stat) <= i+2 || stat[i+2] != 'Z'
 }

@@ -62,16 +62,49 @@ func WithOnCall(f func(Call)) Option {
 	return func(p *Provider) { p.onCall = f }
 }
 
+// WithHostCapacity makes Create refuse, with a nodes.CapacityError, a machine whose
+// memory or disk would take the live machines' total beyond memoryMiB or diskMiB (0: no
+// limit), as the qemu provider does when the host is full.
+func WithHostCapacity(memoryMiB, diskMiB int64) Option {
+	return func(p *Provider) { p.hostMemMiB, p.hostDiskMiB = memoryMiB, diskMiB }
+}
+
 // Provider is the fake. The zero value is not usable; call New.
 type Provider struct {
 	client kubernetes.Interface
 	now    func() time.Time
 	onCall func(Call)
 
-	mu        sync.Mutex
-	instances map[string]nodes.Instance
-	calls     []Call
-	failNext  map[Op]error
+	mu          sync.Mutex
+	instances   map[string]nodes.Instance
+	calls       []Call
+	failNext    map[Op]error
+	hostMemMiB  int64
+	hostDiskMiB int64
+}
+
+// SetHostCapacity changes the limits of WithHostCapacity, e.g. as another tenant's
+// machines come and go.
+func (p *Provider) SetHostCapacity(memoryMiB, diskMiB int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hostMemMiB, p.hostDiskMiB = memoryMiB, diskMiB
+}
+
+// capacity says why req does not fit the host now, or "". Call with p.mu held.
+func (p *Provider) capacity(req nodes.NodeRequest) string {
+	var mem, disk int64
+	for _, in := range p.instances {
+		mem += in.MemoryMiB
+		disk += in.DiskMiB
+	}
+	switch {
+	case p.hostMemMiB > 0 && mem+req.MemoryMiB > p.hostMemMiB:
+		return fmt.Sprintf("needs %d MiB of host memory; %d MiB free", req.MemoryMiB, max(p.hostMemMiB-mem, 0))
+	case p.hostDiskMiB > 0 && disk+req.DiskMiB > p.hostDiskMiB:
+		return fmt.Sprintf("needs %d MiB of host disk; %d MiB free", req.DiskMiB, max(p.hostDiskMiB-disk, 0))
+	}
+	return ""
 }
 
 var (
@@ -182,6 +215,10 @@ func (p *Provider) create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 		p.mu.Unlock()
 		return nodes.Instance{}, fmt.Errorf("fake: node %q already exists", req.Name)
 	}
+	if why := p.capacity(req); why != "" {
+		p.mu.Unlock()
+		return nodes.Instance{}, &nodes.CapacityError{Name: req.Name, Reason: why}
+	}
 	inst := nodes.Instance{
 		Cluster:    req.Cluster,
 		Name:       req.Name,
@@ -253,7 +290,7 @@ func (p *Provider) List(ctx context.Context) ([]nodes.Instance, error) {
 }
 
 // NodeObject is the Node a kubelet on a machine booted for req would register: Ready,
-// sized by req, labelled with req.Labels plus hostname/os/arch, and carrying the
+// sized by req (its disk as ephemeral storage), labelled with req.Labels plus hostname/os/arch, and carrying the
 // providerID the cloud controller would stamp.
 func NodeObject(req nodes.NodeRequest, created time.Time) *corev1.Node {
 	lbls := map[string]string{
@@ -267,6 +304,9 @@ func NodeObject(req nodes.NodeRequest, created time.Time) *corev1.Node {
 		corev1.ResourceCPU:    *resource.NewQuantity(req.CPUs, resource.DecimalSI),
 		corev1.ResourceMemory: *resource.NewQuantity(req.MemoryMiB<<20, resource.BinarySI),
 		corev1.ResourcePods:   *resource.NewQuantity(int64(req.MaxPods), resource.DecimalSI),
+	}
+	if req.DiskMiB > 0 {
+		res[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(req.DiskMiB<<20, resource.BinarySI)
 	}
 	t := metav1.NewTime(created)
 	return &corev1.Node{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -156,5 +157,49 @@ func TestProviderRegistersNodes(t *testing.T) {
 	}
 	if _, err := New().CompletePods(ctx, "c-a"); err == nil {
 		t.Error("CompletePods without a tenant succeeded")
+	}
+}
+
+// With a host capacity, Create refuses what would not fit beside the live machines, with
+// a CapacityError, and accepts it once a machine is gone or the limit is raised.
+func TestHostCapacity(t *testing.T) {
+	ctx := context.Background()
+	sized := func(name string, mem, disk int64) nodes.NodeRequest {
+		r := req(name)
+		r.MemoryMiB, r.DiskMiB = mem, disk
+		return r
+	}
+	p := New(WithHostCapacity(4096, 20480))
+	steps := []struct {
+		name     string
+		do       func() error
+		capacity bool // the error is a CapacityError
+		wantErr  string
+	}{
+		{"fits", func() error { _, err := p.Create(ctx, sized("c-a", 3072, 10240)); return err }, false, ""},
+		{"memory full", func() error { _, err := p.Create(ctx, sized("c-b", 2048, 1024)); return err }, true, "needs 2048 MiB of host memory; 1024 MiB free"},
+		{"disk full", func() error { _, err := p.Create(ctx, sized("c-c", 1024, 12288)); return err }, true, "needs 12288 MiB of host disk; 10240 MiB free"},
+		{"exactly full", func() error { _, err := p.Create(ctx, sized("c-d", 1024, 10240)); return err }, false, ""},
+		{"freed by a delete", func() error {
+			if err := p.Delete(ctx, "c-a"); err != nil {
+				return err
+			}
+			_, err := p.Create(ctx, sized("c-e", 2048, 1024))
+			return err
+		}, false, ""},
+		{"limit raised", func() error {
+			p.SetHostCapacity(0, 0)
+			_, err := p.Create(ctx, sized("c-f", 65536, 1<<20))
+			return err
+		}, false, ""},
+	}
+	for _, s := range steps {
+		err := s.do()
+		if nodes.IsCapacity(err) != s.capacity || (err == nil) != (s.wantErr == "") || err != nil && !strings.Contains(err.Error(), s.wantErr) {
+			t.Errorf("%s: %v, want capacity error %t containing %q", s.name, err, s.capacity, s.wantErr)
+		}
+	}
+	if n := len(p.Instances()); n != 3 {
+		t.Errorf("%d instances, want 3 (refused creates leave nothing)", n)
 	}
 }

@@ -204,6 +204,10 @@ func ProbeKVM(ctx context.Context, pc ProbeConfig) (ProbeResult, error) {
 		cacheFile = filepath.Join(pc.CacheDir, "accel-"+key+".json")
 		if r, ok := readProbeCache(cacheFile); ok {
 			r.Cached = true
+			if !strings.HasPrefix(r.Kernel, "Linux version") {
+				// The same kernel may have been probed from another image's dir.
+				r.Kernel = filepath.Join(pc.ImageDir, nodeimage.FileKernel)
+			}
 			return r, nil
 		}
 	}
