@@ -72,7 +72,7 @@ func TestFourStepProof(t *testing.T) {
 	d := newDaemon(t, 1, "--node-image", img)
 	d.start()
 	const hold = 20 * time.Second
-	d.mustCLI("cluster", "create", "proof", "--wait", "--hold", hold.String(), "--max-nodes", "2")
+	d.mustCLI("cluster", "create", "proof", "--wait", "--hold", hold.String(), "--max-nodes", "2", "--node-disk", "4Gi")
 	cfg, k := d.tenant("proof")
 	ctx := ctxT(t, 15*time.Minute)
 	nodeCount := func() int {
@@ -168,6 +168,16 @@ func TestFourStepProof(t *testing.T) {
 	}
 	if !strings.HasPrefix(node.Name, "proof-") {
 		t.Errorf("step 5: node name %q, want proof-<unique>", node.Name)
+	}
+	// Its container storage is its own 4 GiB data disk, and the kubelet reports that.
+	eph := node.Status.Capacity[corev1.ResourceEphemeralStorage]
+	if eph.Value() < 3500<<20 || eph.Value() > 4<<30 {
+		t.Errorf("step 5: ephemeral-storage capacity %s; want the 4 GiB data disk (less ext4's own)", eph.String())
+	}
+	for pid, args := range qemuCmdlines(d.stateDir) {
+		if !bytes.Contains(bytes.Join(args, []byte{0}), []byte("serial=socialweb-data")) {
+			t.Errorf("step 5: qemu %d has no data disk", pid)
+		}
 	}
 	var internal string
 	for _, a := range node.Status.Addresses {

@@ -1,0 +1,91 @@
+package integration
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/socialweb-computer/socialweb/internal/livetest"
+)
+
+// TestFullDataDiskEvicts: a Pod that fills its node's data disk is evicted by the
+// kubelet (DiskPressure), and the node stays Ready with its other Pod and that Pod's data
+// untouched: a full disk evicts cleanly instead of wedging the node. The node is the only
+// one (max 1), on a 2 GiB data disk, so both Pods share it.
+func TestFullDataDiskEvicts(t *testing.T) {
+	img := nodeImage(t)
+	d := newDaemon(t, 1, "--node-image", img)
+	d.start()
+	d.mustCLI("cluster", "create", "full", "--wait", "--hold", "10s", "--max-nodes", "1", "--node-disk", "2Gi")
+	cfg, k := d.tenant("full")
+	ctx := ctxT(t, 20*time.Minute)
+	grace := int64(1)
+	pod := func(name, script string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: corev1.PodSpec{
+				RestartPolicy:                 corev1.RestartPolicyNever,
+				TerminationGracePeriodSeconds: &grace,
+				Containers: []corev1.Container{{
+					Name: "main", Image: "busybox:stable", Command: []string{"sh", "-c", script},
+					VolumeMounts: []corev1.VolumeMount{{Name: "scratch", MountPath: "/scratch"}},
+				}},
+				Volumes: []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+			},
+		}
+	}
+	if _, err := k.CoreV1().Pods("default").Create(ctx, pod("bystander", "echo kept-data > /scratch/mine; exec sleep 3600"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	livetest.Eventually(t, 10*time.Minute, time.Second, "the bystander Pod to run", func() bool {
+		p, err := k.CoreV1().Pods("default").Get(ctx, "bystander", metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodRunning
+	})
+	// Writes until the disk is full (dd stops at ENOSPC), then waits to be evicted.
+	if _, err := k.CoreV1().Pods("default").Create(ctx, pod("filler",
+		"dd if=/dev/zero of=/scratch/fill bs=1M 2>&1 | tail -1; echo filled; exec sleep 3600"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	livetest.Eventually(t, 10*time.Minute, 2*time.Second, "the filler Pod to be evicted", func() bool {
+		p, err := k.CoreV1().Pods("default").Get(ctx, "filler", metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodFailed && p.Status.Reason == "Evicted"
+	})
+	p, _ := k.CoreV1().Pods("default").Get(ctx, "filler", metav1.GetOptions{})
+	t.Logf("filler: %s: %s", p.Status.Reason, p.Status.Message)
+	if !strings.Contains(p.Status.Message, "ephemeral-storage") && !strings.Contains(p.Status.Message, "DiskPressure") {
+		t.Errorf("filler evicted for %q; want the node's disk", p.Status.Message)
+	}
+
+	b, err := k.CoreV1().Pods("default").Get(ctx, "bystander", metav1.GetOptions{})
+	if err != nil || b.Status.Phase != corev1.PodRunning {
+		t.Fatalf("bystander after the eviction: %v %v; want still Running", b.Status.Phase, err)
+	}
+	out, err := execIn(ctx, cfg, k, "default", "bystander", "cat", "/scratch/mine")
+	if err != nil || strings.TrimSpace(out) != "kept-data" {
+		t.Errorf("bystander's data after the eviction: %q, %v", out, err)
+	}
+	livetest.Eventually(t, 3*time.Minute, 2*time.Second, "the node to be Ready", func() bool {
+		nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil || len(nl.Items) != 1 {
+			return false
+		}
+		for _, c := range nl.Items[0].Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue
+			}
+		}
+		return false
+	})
+	for _, n := range []string{"filler", "bystander"} {
+		if err := k.CoreV1().Pods("default").Delete(ctx, n, metav1.DeleteOptions{}); err != nil {
+			t.Error(err)
+		}
+	}
+	livetest.Eventually(t, 3*time.Minute, 2*time.Second, "the cluster back at zero nodes", func() bool {
+		nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		return err == nil && len(nl.Items) == 0 && len(qemusOf(d.stateDir)) == 0
+	})
+}
