@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/socialweb-computer/socialweb/internal/livetest"
@@ -14,30 +15,38 @@ import (
 // TestFullDataDiskEvicts: a Pod that fills its node's data disk is evicted by the
 // kubelet (DiskPressure), and the node stays Ready with its other Pod and that Pod's data
 // untouched: a full disk evicts cleanly instead of wedging the node. The node is the only
-// one (max 1), on a 2 GiB data disk, so both Pods share it.
+// one (max 1), on a 3 GiB data disk, so both Pods share it.
+//
+// The other Pod requests the ephemeral storage it uses: the kubelet evicts Pods whose use
+// exceeds their request first, and its measure of the filler's emptyDir lags the writes
+// (seen here: "using 44Ki" at the eviction), so a Pod without a request may go first.
 func TestFullDataDiskEvicts(t *testing.T) {
 	img := nodeImage(t)
 	d := newDaemon(t, 1, "--node-image", img)
 	d.start()
-	d.mustCLI("cluster", "create", "full", "--wait", "--hold", "10s", "--max-nodes", "1", "--node-disk", "2Gi")
+	d.mustCLI("cluster", "create", "full", "--wait", "--hold", "10s", "--max-nodes", "1", "--node-disk", "3Gi")
 	cfg, k := d.tenant("full")
 	ctx := ctxT(t, 20*time.Minute)
 	grace := int64(1)
-	pod := func(name, script string) *corev1.Pod {
+	pod := func(name, script string, request string) *corev1.Pod {
+		var res corev1.ResourceRequirements
+		if request != "" {
+			res.Requests = corev1.ResourceList{corev1.ResourceEphemeralStorage: resource.MustParse(request)}
+		}
 		return &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 			Spec: corev1.PodSpec{
 				RestartPolicy:                 corev1.RestartPolicyNever,
 				TerminationGracePeriodSeconds: &grace,
 				Containers: []corev1.Container{{
-					Name: "main", Image: "busybox:stable", Command: []string{"sh", "-c", script},
+					Name: "main", Image: "busybox:stable", Command: []string{"sh", "-c", script}, Resources: res,
 					VolumeMounts: []corev1.VolumeMount{{Name: "scratch", MountPath: "/scratch"}},
 				}},
 				Volumes: []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
 			},
 		}
 	}
-	if _, err := k.CoreV1().Pods("default").Create(ctx, pod("bystander", "echo kept-data > /scratch/mine; exec sleep 3600"), metav1.CreateOptions{}); err != nil {
+	if _, err := k.CoreV1().Pods("default").Create(ctx, pod("bystander", "echo kept-data > /scratch/mine; exec sleep 3600", "100Mi"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	livetest.Eventually(t, 10*time.Minute, time.Second, "the bystander Pod to run", func() bool {
@@ -46,7 +55,7 @@ func TestFullDataDiskEvicts(t *testing.T) {
 	})
 	// Writes until the disk is full (dd stops at ENOSPC), then waits to be evicted.
 	if _, err := k.CoreV1().Pods("default").Create(ctx, pod("filler",
-		"dd if=/dev/zero of=/scratch/fill bs=1M 2>&1 | tail -1; echo filled; exec sleep 3600"), metav1.CreateOptions{}); err != nil {
+		"dd if=/dev/zero of=/scratch/fill bs=1M 2>&1 | tail -1; echo filled; exec sleep 3600", ""), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	livetest.Eventually(t, 10*time.Minute, 2*time.Second, "the filler Pod to be evicted", func() bool {
