@@ -228,11 +228,14 @@ type tarFile struct {
 	data []byte // content, or size+gen for generated content
 	size int64
 	gen  func(io.Writer) error
+	// uid and gid of the entry (0 unless a tree on disk says otherwise)
+	uid, gid int
 }
 
 func writeEntry(tw *tar.Writer, f tarFile) error {
-	h := &tar.Header{Typeflag: f.typ, Name: f.path, Mode: f.mode, ModTime: epoch, Linkname: f.link, Format: tar.FormatPAX}
-	if len(f.path) < 100 && len(f.link) < 100 {
+	h := &tar.Header{Typeflag: f.typ, Name: f.path, Mode: f.mode, ModTime: epoch, Linkname: f.link, Uid: f.uid, Gid: f.gid, Format: tar.FormatPAX}
+	// USTAR where it can hold the names (ASCII, short), so existing layers keep their bytes.
+	if len(f.path) < 100 && len(f.link) < 100 && isASCII(f.path) && isASCII(f.link) {
 		h.Format = tar.FormatUSTAR
 	}
 	switch f.typ {
@@ -295,4 +298,13 @@ func totalData(files []tarFile) int64 {
 		n += int64(len(f.data)) + f.size
 	}
 	return n
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
