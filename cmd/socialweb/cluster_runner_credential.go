@@ -69,6 +69,7 @@ invalidates every token minted for it.`,
 			if !revoke {
 				settings, err = jobs.ForNode(c.Name, gitlab.NodeSize{
 					CPUs: int64(c.Spec.NodeCPUs), Memory: c.Spec.NodeMemory, MaxPods: int(c.Spec.PodsPerNode),
+					MaxCPUs: int64(c.Spec.MaxNodeCPUs), MaxMemory: c.Spec.MaxNodeMemory,
 				})
 				if err != nil {
 					return usageError{err}

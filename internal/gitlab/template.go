@@ -94,6 +94,19 @@ type NodeSize struct {
 	CPUs    int64
 	Memory  resource.Quantity
 	MaxPods int
+	// MaxCPUs and MaxMemory are the largest node the cluster may boot (sized by the
+	// requests of the Pods it is for); 0 is CPUs's and Memory's (every node the same).
+	MaxCPUs   int64
+	MaxMemory resource.Quantity
+}
+
+// Largest is the biggest node the cluster may boot.
+func (n NodeSize) Largest() NodeSize {
+	l := NodeSize{CPUs: max(n.CPUs, n.MaxCPUs), Memory: n.Memory, MaxPods: n.MaxPods}
+	if n.MaxMemory.Cmp(n.Memory) > 0 {
+		l.Memory = n.MaxMemory
+	}
+	return l
 }
 
 // MemoryReserve is the part of a node's memory no Pod can be given: the guest kernel
@@ -239,6 +252,10 @@ func (o JobOptions) ForNode(cluster string, n NodeSize) (Settings, error) {
 		LogLimitKiB: p.logLimit / 1024,
 	}
 	s.SchedulableCPUMilli, s.SchedulableMemory = n.Schedulable()
+	// Derived requests fill the smallest node (jobs pack onto it); what was asked for may
+	// be as large as the largest node, which the scale decision boots for such a Pod.
+	big := n.Largest()
+	limCPU, limMem := big.Schedulable()
 	jobs := int64(o.JobsPerNode)
 	svc := int64(o.ServicesPerJob)
 	// What one job Pod asks for besides its build container.
@@ -271,17 +288,17 @@ func (o JobOptions) ForNode(cluster string, n NodeSize) (Settings, error) {
 	case s.DerivedCPU && s.BuildCPU.MilliValue() < minCPUMilli:
 		problems = append(problems, fmt.Sprintf("a node of cluster %s has %dm CPU; split %d way(s), it leaves nothing for the build container after the helper's %s and %s%s: lower --helper-cpu, --service-cpu, --services-per-job or --jobs-per-node, or give the cluster bigger nodes (`cluster create --node-cpus`)",
 			cluster, s.SchedulableCPUMilli, jobs, p.helperCPU.String(), services, p.serviceCPU.String()))
-	case jobs*s.PodCPUMilli > s.SchedulableCPUMilli:
-		problems = append(problems, fmt.Sprintf("%s %dm CPU (build %s + helper %s + %s%s each) and a node of cluster %s has %dm: --job-cpu may be at most %dm with these, or give the cluster bigger nodes (`cluster create --node-cpus`)",
-			per, jobs*s.PodCPUMilli, s.BuildCPU.String(), p.helperCPU.String(), services, p.serviceCPU.String(), cluster, s.SchedulableCPUMilli, max(0, s.SchedulableCPUMilli/jobs-sideCPU)))
+	case jobs*s.PodCPUMilli > limCPU:
+		problems = append(problems, fmt.Sprintf("%s %dm CPU (build %s + helper %s + %s%s each) and the largest node of cluster %s has %dm: --job-cpu may be at most %dm with these, or give the cluster bigger nodes (`cluster create --max-node-cpus`)",
+			per, jobs*s.PodCPUMilli, s.BuildCPU.String(), p.helperCPU.String(), services, p.serviceCPU.String(), cluster, limCPU, max(0, limCPU/jobs-sideCPU)))
 	}
 	switch {
 	case s.DerivedMemory && s.BuildMemory.Value() < minMemory:
 		problems = append(problems, fmt.Sprintf("a node of cluster %s has %dMi of memory Pods may ask for (%s less %dMi the guest kernel and the kubelet keep); split %d way(s), it leaves less than 4Mi for the build container after the helper's %s and %s%s: lower --helper-memory, --service-memory, --services-per-job or --jobs-per-node, or give the cluster bigger nodes (`cluster create --node-memory`)",
 			cluster, s.SchedulableMemory>>20, n.Memory.String(), MemoryReserve(n.Memory.Value())>>20, jobs, p.helperMemory.String(), services, p.serviceMemory.String()))
-	case jobs*s.PodMemory > s.SchedulableMemory:
-		problems = append(problems, fmt.Sprintf("%s %dMi of memory (build %s + helper %s + %s%s each) and a node of cluster %s has %dMi Pods may ask for (%s less %dMi the guest kernel and the kubelet keep): --job-memory may be at most %dMi with these, or give the cluster bigger nodes (`cluster create --node-memory`)",
-			per, ceilMi(jobs*s.PodMemory), s.BuildMemory.String(), p.helperMemory.String(), services, p.serviceMemory.String(), cluster, s.SchedulableMemory>>20, n.Memory.String(), MemoryReserve(n.Memory.Value())>>20, max(0, (s.SchedulableMemory/jobs-sideMem)>>20)))
+	case jobs*s.PodMemory > limMem:
+		problems = append(problems, fmt.Sprintf("%s %dMi of memory (build %s + helper %s + %s%s each) and the largest node of cluster %s has %dMi Pods may ask for (%s less %dMi the guest kernel and the kubelet keep): --job-memory may be at most %dMi with these, or give the cluster bigger nodes (`cluster create --max-node-memory`)",
+			per, ceilMi(jobs*s.PodMemory), s.BuildMemory.String(), p.helperMemory.String(), services, p.serviceMemory.String(), cluster, limMem>>20, big.Memory.String(), MemoryReserve(big.Memory.Value())>>20, max(0, (limMem/jobs-sideMem)>>20)))
 	}
 	if len(problems) > 0 {
 		return Settings{}, asError(problems)

@@ -586,9 +586,9 @@ func TestForNodeRefusesWhatNoNodeCanRun(t *testing.T) {
 		{"defaults fit the smallest default node", func(*JobOptions) {}, node(1, "1Gi"), nil},
 		{"a build request of exactly the rest fits", func(o *JobOptions) { o.JobCPU, o.JobMemory = "1800m", "1536Mi" }, node(2, "2Gi"), nil},
 		{"the seed's 2.1 CPU on a 2-vCPU node", func(o *JobOptions) { o.JobCPU, o.HelperCPU = "1", "1" }, node(2, "2Gi"),
-			[]string{"a job Pod asks for 2100m CPU", "node of cluster ci has 2000m", "--job-cpu may be at most 900m", "--node-cpus"}},
+			[]string{"a job Pod asks for 2100m CPU", "node of cluster ci has 2000m", "--job-cpu may be at most 900m", "--max-node-cpus"}},
 		{"more memory than a node has", func(o *JobOptions) { o.JobMemory = "2Gi" }, node(2, "2Gi"),
-			[]string{"a job Pod asks for 2304Mi of memory", "has 1792Mi Pods may ask for (2Gi less 256Mi", "--job-memory may be at most 1536Mi", "--node-memory"}},
+			[]string{"a job Pod asks for 2304Mi of memory", "has 1792Mi Pods may ask for (2Gi less 256Mi", "--job-memory may be at most 1536Mi", "--max-node-memory"}},
 		{"two jobs of a given size per node", func(o *JobOptions) { o.JobsPerNode, o.JobCPU = 2, "900m" }, node(2, "2Gi"),
 			[]string{"2 job Pods per node (--jobs-per-node) ask for 2200m CPU", "at most 800m"}},
 		{"helper and service leave nothing", func(o *JobOptions) { o.HelperCPU, o.ServiceCPU = "500m", "500m" }, node(1, "1Gi"),
@@ -597,6 +597,9 @@ func TestForNodeRefusesWhatNoNodeCanRun(t *testing.T) {
 			[]string{"less than 4Mi for the build container"}},
 		{"more jobs than Pods a node takes", func(o *JobOptions) { o.JobsPerNode, o.JobCPU, o.JobMemory = 64, "1m", "4Mi" }, NodeSize{CPUs: 64, Memory: resource.MustParse("64Gi"), MaxPods: 10},
 			[]string{"--jobs-per-node 64 is more than the 10 Pods"}},
+		{"a request up to the largest node of a sized cluster fits", func(o *JobOptions) { o.JobCPU, o.JobMemory = "3", "6Gi" }, sized(1, "1Gi", 4, "8Gi"), nil},
+		{"a request beyond the largest node", func(o *JobOptions) { o.JobCPU = "5" }, sized(1, "1Gi", 4, "8Gi"),
+			[]string{"the largest node of cluster ci has 4000m", "--job-cpu may be at most 3800m"}},
 		{"a cluster without a node size", func(*JobOptions) {}, NodeSize{}, []string{"has no node size yet"}},
 		{"a bad option is refused before the node is looked at", func(o *JobOptions) { o.PollTimeout = time.Second }, node(1, "1Gi"), []string{"--poll-timeout"}},
 	}
@@ -609,7 +612,7 @@ func TestForNodeRefusesWhatNoNodeCanRun(t *testing.T) {
 				if err != nil {
 					t.Fatalf("ForNode = %v, want it to fit", err)
 				}
-				cpuMilli, mem := tt.node.Schedulable()
+				cpuMilli, mem := tt.node.Largest().Schedulable()
 				if int64(o.JobsPerNode)*s.PodCPUMilli > cpuMilli || int64(o.JobsPerNode)*s.PodMemory > mem {
 					t.Errorf("accepted a Pod of %dm, %d bytes for a node with %dm, %d bytes", s.PodCPUMilli, s.PodMemory, cpuMilli, mem)
 				}
@@ -745,5 +748,21 @@ func TestWriteOutDirReplacesFilesWhole(t *testing.T) {
 	}
 	if _, err := os.Stat(fresh); err == nil {
 		t.Error("a failed render made the --out directory")
+	}
+}
+
+func sized(cpus int64, mem string, maxCPUs int64, maxMem string) NodeSize {
+	return NodeSize{CPUs: cpus, Memory: resource.MustParse(mem), MaxCPUs: maxCPUs, MaxMemory: resource.MustParse(maxMem)}
+}
+
+// Derived requests fill the smallest node, so jobs that ask for nothing in particular
+// still pack onto small nodes when the cluster may boot bigger ones.
+func TestDerivedRequestsFillTheSmallestNode(t *testing.T) {
+	s, err := DefaultJobOptions().ForNode("ci", sized(1, "1Gi", 4, "8Gi"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.BuildCPU.MilliValue() != 800 || s.BuildMemory.Value() != 576<<20 {
+		t.Errorf("derived build requests %s / %s; want 800m / 576Mi (a 1 vCPU / 1Gi node's share)", s.BuildCPU.String(), s.BuildMemory.String())
 	}
 }
