@@ -4,8 +4,10 @@
 package livetest
 
 import (
+	"math/rand/v2"
 	"net"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -34,15 +36,23 @@ func Postgres(t testing.TB) string {
 	return u
 }
 
-// FreePort returns a loopback TCP port nothing listens on right now.
+// FreePort returns a loopback TCP port nothing uses right now, below the kernel's
+// ephemeral range (32768-60999 by default): a port from that range can be taken as the
+// source port of any outgoing connection while a test's daemon restarts, and then the
+// daemon cannot listen on it again (seen in CI).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 1000 {
+		port := 10000 + rand.IntN(22000)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free loopback port in 10000-31999")
+	return 0
 }
 
 // Eventually polls cond every interval until it holds or timeout passes.

@@ -72,7 +72,10 @@ func TestFiveNodeProof(t *testing.T) {
 	d := newDaemon(t, 1, "--node-image", img)
 	d.start()
 	d.mustCLI("cluster", "create", "five", "--wait", "--hold", "30s", "--max-nodes", "5",
-		"--node-cpus", "1", "--node-memory", "512Mi")
+		// 3 GiB data disks: the host's disk check counts each node's whole disk as taken
+		// (it may fill it), and five 10 GiB defaults need ~59 GiB free (seen in CI: the
+		// fifth node waited for host capacity).
+		"--node-cpus", "1", "--node-memory", "512Mi", "--node-disk", "3Gi")
 	_, k := d.tenant("five")
 	ctx := ctxT(t, 45*time.Minute)
 

@@ -68,7 +68,7 @@ type daemon struct {
 func portBlock(t *testing.T, n int) (int, int) {
 	t.Helper()
 	for range 100 {
-		lo := 20000 + rand.IntN(30000)
+		lo := 10000 + rand.IntN(22000-n) // below the ephemeral range (see livetest.FreePort)
 		ok := true
 		for p := lo; p < lo+n && ok; p++ {
 			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
