@@ -123,9 +123,6 @@ func stepMounts(ctx context.Context, a *Agent) error {
 
 // ---- data disk ----
 
-// DataSerial is the serial of the node's container-storage disk (qemu's DataSerial).
-const DataSerial = "socialweb-data"
-
 // DataMount is where the data disk is mounted; DataDirs are bound from it.
 const DataMount = "/var/lib/socialweb-data"
 
@@ -140,7 +137,7 @@ func DataDirs(l Layout) map[string]string {
 // and binds DataDirs from it, before containerd and the kubelet first write there. A
 // node without one keeps that storage in its root disk.
 func stepDataDisk(ctx context.Context, a *Agent) error {
-	dev := diskBySerial(DataSerial)
+	dev := diskBySerial(identity.DataDiskSerial)
 	if dev == "" {
 		a.Log.Info("no data disk: container storage stays on the root disk")
 		return nil

@@ -18,6 +18,10 @@ import (
 // MaxSize bounds the document; a larger disk is not an identity disk.
 const MaxSize = 1 << 20
 
+// DataDiskSerial is the virtio-blk serial of a node's container-storage disk: the host
+// attaches the disk with it and the guest agent finds the disk by it.
+const DataDiskSerial = "socialweb-data"
+
 // Identity is one node's join configuration.
 type Identity struct {
 	Cluster    string `json:"cluster"`

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -105,15 +104,4 @@ wait:
 	// own undo when the interrupt came while its Create was still waiting for qemu (seen in
 	// CI). Either way the checks above hold; say which for the log.
 	t.Logf("stopped by down: %v", strings.Contains(out.String(), "stopped node VMs:"))
-}
-
-// running reports whether pid is a live process: not gone and not a zombie (a VM whose
-// daemon died is reparented to PID 1, which may reap it late).
-func running(pid int) bool {
-	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(stat, ')')
-	return i < 0 || len(stat) <= i+2 || stat[i+2] != 'Z'
 }

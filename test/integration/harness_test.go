@@ -265,8 +265,7 @@ func processesMentioning(s string) []int {
 		if err != nil || !bytes.Contains(cmdline, []byte(s)) {
 			continue
 		}
-		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && len(stat) > i+2 && stat[i+2] == 'Z' {
+		if !running(pid) {
 			continue
 		}
 		pids = append(pids, pid)
@@ -364,4 +363,15 @@ func (f *failureLog) summary() string {
 		fmt.Fprintf(&b, "failed: %s\n", m)
 	}
 	return b.String()
+}
+
+// running reports whether pid is a live process: not gone and not a zombie (a VM whose
+// daemon died is reparented to PID 1, which may reap it late).
+func running(pid int) bool {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return i < 0 || len(stat) <= i+2 || stat[i+2] != 'Z'
 }

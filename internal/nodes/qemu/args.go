@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/socialweb-computer/socialweb/internal/identity"
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 )
 
@@ -25,9 +26,6 @@ type launch struct {
 	Console      string // serial console file
 	QMP          string // QMP unix socket
 }
-
-// DataSerial is the data disk's serial; the guest agent finds it by this.
-const DataSerial = "socialweb-data"
 
 // args is qemu's argument list (without the binary). Device order matters: microvm puts
 // virtio-mmio devices on transports in command-line order and the guest kernel names the
@@ -64,7 +62,7 @@ func (l launch) args() []string {
 		// back to the host, so the sparse file holds only what is in use.
 		a = append(a,
 			"-drive", "id=data,file="+l.DataDisk+",format=raw,if=none,discard=unmap,detect-zeroes=unmap",
-			"-device", "virtio-blk-device,drive=data,serial="+DataSerial,
+			"-device", "virtio-blk-device,drive=data,serial="+identity.DataDiskSerial,
 		)
 	}
 	a = append(a,

@@ -1,8 +1,6 @@
 package qemu
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -27,24 +25,13 @@ func vmmOverheadMiB(a Accel) int64 {
 	return 512
 }
 
-// memAvailableMiB parses MemAvailable out of /proc/meminfo.
+// memAvailableMiB is the host's MemAvailable.
 func memAvailableMiB() (int64, error) {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		return 0, err
 	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			if f := strings.Fields(v); len(f) > 0 {
-				kb, err := strconv.ParseInt(f[0], 10, 64)
-				if err == nil {
-					return kb / 1024, nil
-				}
-			}
-		}
-	}
-	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
+	return meminfoMiB(b, "MemAvailable")
 }
 
 // rssMiB is a process's resident memory, 0 if unknown.

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/socialweb-computer/socialweb/internal/identity"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
 )
 
@@ -82,14 +83,14 @@ func TestDataDisk(t *testing.T) {
 	}
 	l := p.launchFor(p.insts["a-disk"])
 	args := strings.Join(l.args(), " ")
-	if !strings.Contains(args, "file="+disk+",format=raw,if=none,discard=unmap,detect-zeroes=unmap") || !strings.Contains(args, "serial="+DataSerial) {
+	if !strings.Contains(args, "file="+disk+",format=raw,if=none,discard=unmap,detect-zeroes=unmap") || !strings.Contains(args, "serial="+identity.DataDiskSerial) {
 		t.Errorf("qemu args lack the data disk: %s", args)
 	}
 	if i := p.Accel(); i == "" {
 		t.Error("no accelerator")
 	}
 	plain := p.launchFor(&instance{dir: info.Dir, rec: record{Request: req("a", "x")}})
-	if strings.Contains(strings.Join(plain.args(), " "), DataSerial) {
+	if strings.Contains(strings.Join(plain.args(), " "), identity.DataDiskSerial) {
 		t.Error("a node without DiskMiB got a data disk")
 	}
 	if err := p.Delete(ctx, "a-disk"); err != nil {

@@ -27,10 +27,13 @@ func detectHost() (host, error) {
 }
 
 // memTotalMiB parses MemTotal out of /proc/meminfo.
-func memTotalMiB(meminfo []byte) (int64, error) {
+func memTotalMiB(meminfo []byte) (int64, error) { return meminfoMiB(meminfo, "MemTotal") }
+
+// meminfoMiB parses one "<field>: <n> kB" line of /proc/meminfo, in MiB.
+func meminfoMiB(meminfo []byte, field string) (int64, error) {
 	sc := bufio.NewScanner(bytes.NewReader(meminfo))
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
 			f := strings.Fields(v)
 			if len(f) >= 1 {
 				kb, err := strconv.ParseInt(f[0], 10, 64)
@@ -40,7 +43,7 @@ func memTotalMiB(meminfo []byte) (int64, error) {
 			}
 		}
 	}
-	return 0, fmt.Errorf("no MemTotal in /proc/meminfo")
+	return 0, fmt.Errorf("no %s in /proc/meminfo", field)
 }
 
 // tscKHz is the host's "cpu MHz" in kHz. Under TCG the guest TSC runs at the host's
