@@ -20,6 +20,7 @@ import (
 	"text/template"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -402,9 +403,12 @@ func KubeletConfiguration(id identity.Identity, l Layout, o KubeletOptions) (*ku
 		MaxPods:                  maxPods,
 		ProviderID:               id.ProviderID,
 		RegisterNode:             &t,
-		ReadOnlyPort:             0,
-		TLSCertFile:              l.KubeletServingCert,
-		TLSPrivateKeyFile:        l.KubeletServingKey,
+		// The same startup taint the agent registers the Node with, for when the kubelet
+		// registers first.
+		RegisterWithTaints: []corev1.Taint{StorageTaint()},
+		ReadOnlyPort:       0,
+		TLSCertFile:        l.KubeletServingCert,
+		TLSPrivateKeyFile:  l.KubeletServingKey,
 		// A pod sandbox is created within twice this. The default 2m is too short for a
 		// TCG node sharing a host core with others: creation was cancelled at 4 min and
 		// started over, so Pods never ran.

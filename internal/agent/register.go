@@ -46,10 +46,17 @@ func RegisteredNode(id identity.Identity) (*corev1.Node, error) {
 				"alpha.kubernetes.io/provided-node-ip":                   ip.String(),
 			},
 		},
-		Spec: corev1.NodeSpec{ProviderID: id.ProviderID, Taints: []corev1.Taint{{
-			Key: "node.cloudprovider.kubernetes.io/uninitialized", Value: "true", Effect: corev1.TaintEffectNoSchedule,
-		}}},
+		Spec: corev1.NodeSpec{ProviderID: id.ProviderID, Taints: []corev1.Taint{
+			{Key: "node.cloudprovider.kubernetes.io/uninitialized", Value: "true", Effect: corev1.TaintEffectNoSchedule},
+			StorageTaint(),
+		}},
 	}, nil
+}
+
+// StorageTaint is the startup taint the host removes once the kubelet has measured
+// the node's storage (identity.StorageTaintKey).
+func StorageTaint() corev1.Taint {
+	return corev1.Taint{Key: identity.StorageTaintKey, Value: "true", Effect: corev1.TaintEffectNoSchedule}
 }
 
 // stepRegister creates the node's Node object once the kubelet's TLS bootstrap is done

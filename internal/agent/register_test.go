@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/socialweb-computer/socialweb/internal/identity"
 )
 
 // TestRegisteredNode: the Node the agent creates carries what the kubelet sets at
@@ -28,7 +30,10 @@ func TestRegisteredNode(t *testing.T) {
 	if n.Name != "ci-abc123" || n.Annotations["alpha.kubernetes.io/provided-node-ip"] != "10.250.3.2" {
 		t.Errorf("name %q annotations %v", n.Name, n.Annotations)
 	}
-	if len(n.Spec.Taints) != 1 || n.Spec.Taints[0].Key != "node.cloudprovider.kubernetes.io/uninitialized" || n.Spec.Taints[0].Effect != corev1.TaintEffectNoSchedule {
+	// The cloud provider's and the storage startup taint, both NoSchedule.
+	if len(n.Spec.Taints) != 2 || n.Spec.Taints[0].Key != "node.cloudprovider.kubernetes.io/uninitialized" ||
+		n.Spec.Taints[1].Key != identity.StorageTaintKey ||
+		n.Spec.Taints[0].Effect != corev1.TaintEffectNoSchedule || n.Spec.Taints[1].Effect != corev1.TaintEffectNoSchedule {
 		t.Errorf("taints %v", n.Spec.Taints)
 	}
 	id.Address = "not-an-address"

@@ -1,12 +1,14 @@
 // Package ccm is socialweb's cloud-controller-manager: a k8s.io/cloud-provider
 // implementation with InstancesV2 over the node provider, and the upstream
 // cloud node and node lifecycle controllers that use it. It stamps each node's
-// providerID and addresses and removes Node objects whose microVM is gone.
+// providerID and addresses, removes the storage startup taint once the kubelet has
+// measured the node's disk, and removes Node objects whose microVM is gone.
 package ccm
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"time"
 
@@ -116,6 +118,8 @@ type Options struct {
 	MonitorPeriod time.Duration
 	// StatusUpdate is how often addresses are refreshed (default 1m).
 	StatusUpdate time.Duration
+	// Log gets the storage taint controller's lines (default slog.Default()).
+	Log *slog.Logger
 }
 
 // Run runs the cloud node and node lifecycle controllers for one tenant
@@ -127,6 +131,9 @@ func Run(ctx context.Context, kube kubernetes.Interface, cloud *Cloud, opts Opti
 	if opts.StatusUpdate == 0 {
 		opts.StatusUpdate = time.Minute
 	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
 	factory := informers.NewSharedInformerFactory(kube, 0)
 	nodeInformer := factory.Core().V1().Nodes()
 	nc, err := nodecontroller.NewCloudNodeController(nodeInformer, kube, cloud, opts.StatusUpdate, 2, 1)
@@ -137,10 +144,15 @@ func Run(ctx context.Context, kube kubernetes.Interface, cloud *Cloud, opts Opti
 	if err != nil {
 		return fmt.Errorf("cloud node lifecycle controller for %s: %w", cloud.Cluster, err)
 	}
+	sc, err := newStorageController(kube, nodeInformer, opts.Log.With("cluster", cloud.Cluster))
+	if err != nil {
+		return err
+	}
 	factory.Start(ctx.Done())
 	metrics := controllersmetrics.NewControllerManagerMetrics("socialweb-ccm")
 	go nc.RunWithContext(ctx, metrics)
 	go lc.Run(ctx, metrics)
+	go sc.run(ctx)
 	<-ctx.Done()
 	factory.Shutdown()
 	return nil

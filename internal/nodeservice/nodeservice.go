@@ -133,7 +133,7 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 	}()
 	go func() {
 		defer wg.Done()
-		if err := ccm.Run(ctx, c.Tenant, &ccm.Cloud{Cluster: c.Name, Machines: h}, ccm.Options{}); err != nil {
+		if err := ccm.Run(ctx, c.Tenant, &ccm.Cloud{Cluster: c.Name, Machines: h}, ccm.Options{Log: h.log.With("component", "ccm")}); err != nil {
 			h.log.Error("cloud-controller-manager stopped", "cluster", c.Name, "err", err)
 		}
 	}()

@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
+
+	"github.com/socialweb-computer/socialweb/internal/identity"
 )
 
 // The simulation answers "how many nodes, of which sizes, would the scheduler need":
@@ -142,6 +144,7 @@ var transientTaints = map[string]bool{
 	corev1.TaintNodeUnreachable:                      true,
 	corev1.TaintNodeUnschedulable:                    true,
 	"node.cloudprovider.kubernetes.io/uninitialized": true,
+	identity.StorageTaintKey:                         true,
 }
 
 // daemon is a DaemonSet's Pod as every new node it selects will run it.

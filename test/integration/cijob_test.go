@@ -96,22 +96,12 @@ func TestCIJob(t *testing.T) {
 	}
 	job.name = pod.Name
 	// The executor waits for the Pod to run (poll_timeout); so does this.
-	retried := false
 	livetest.Eventually(t, 25*time.Minute, 2*time.Second, "the job Pod to run", func() bool {
 		p, err := runner.CoreV1().Pods(job.ns).Get(ctx, job.name, metav1.GetOptions{})
-		if err == nil && p.Status.Phase == corev1.PodFailed && len(p.Status.ContainerStatuses) == 0 && !retried {
-			// Refused by the kubelet's admission before any container ran: seen once on a
-			// node that had just registered (a known defect, not fixed yet: the reason is
-			// logged here). A CI admin's "retry: 1" starts the job again; so does this, once.
-			t.Logf("KNOWN DEFECT: the job Pod was refused by its new node before it ran: %s: %s; retrying once", p.Status.Reason, p.Status.Message)
-			retried = true
-			_ = runner.CoreV1().Pods(job.ns).Delete(ctx, job.name, metav1.DeleteOptions{})
-			np, err := runner.CoreV1().Pods(job.ns).Create(ctx, job.pod(images.BuilderRef(), "busybox:stable"), metav1.CreateOptions{})
-			if err != nil {
-				t.Fatalf("creating the job Pod again: %v", err)
-			}
-			job.name = np.Name
-			return false
+		if err == nil && p.Status.Phase == corev1.PodFailed && len(p.Status.ContainerStatuses) == 0 {
+			// Once seen before nodes carried the storage startup taint: the kubelet's
+			// admission refused the Pod on a node that had just registered.
+			t.Fatalf("the job Pod was refused by its node before it ran: %s: %s", p.Status.Reason, p.Status.Message)
 		}
 		if err == nil && (p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded) {
 			t.Fatalf("job Pod ended before the job ran: %s %s: %s %+v", p.Status.Phase, p.Status.Reason, p.Status.Message, p.Status.ContainerStatuses)
