@@ -10,8 +10,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -200,6 +203,77 @@ echo job done
 	})
 	t.Logf("CI job: node %s vCPU/%s, Pod running after %s (boot and pull), script %s, back to zero %s after the job (hold %s); total %s",
 		cpu.String(), mem.String(), tRunning.Round(time.Second), tScriptDur.Round(time.Second), time.Since(tGone).Round(time.Second), hold, time.Since(t0).Round(time.Second))
+
+	// bench/cijob.sh: the same script on the host, in the builder image's own files.
+	if out := os.Getenv("SOCIALWEB_BENCH_CIJOB_OUT"); out != "" {
+		f := ciJobFigures{
+			NodeCPU: cpu.String(), NodeMemory: mem.String(), NodeDisk: ptr(node.Status.Capacity[corev1.ResourceEphemeralStorage]).String(),
+			PodRunningSeconds: tRunning.Seconds(), ScriptSeconds: tScriptDur.Seconds(), JobSeconds: tRunning.Seconds() + tScriptDur.Seconds(),
+			ToZeroSeconds: time.Since(tGone).Seconds(), HoldSeconds: hold.Seconds(),
+		}
+		f.PullSeconds, f.ImageBytes = pullFigures(pullEvent(ctx, runner, job))
+		f.HostScriptSeconds = hostBuild(t, ctx, builderTar, script, job)
+		writeCIJobFigures(t, out, f)
+	}
+}
+
+// ciJobFigures is what bench/cijob.sh reports.
+type ciJobFigures struct {
+	NodeCPU, NodeMemory, NodeDisk string
+	PodRunningSeconds             float64 // Pod created -> running: decision, boot, pull
+	PullSeconds                   float64 // the kubelet's figure for the builder image: fetch and unpack
+	ImageBytes                    int64
+	ScriptSeconds                 float64 // the job script on the node (clone, build, tests)
+	JobSeconds                    float64 // Pod created -> script done
+	HostScriptSeconds             float64 // the same script on the host
+	ToZeroSeconds, HoldSeconds    float64
+}
+
+var pulledRE = regexp.MustCompile(`in ([0-9.hmsµ]+) \(.*Image size: ([0-9]+) bytes`)
+
+// pullFigures reads the kubelet's Pulled event: `... in 5m10.3s (5m10.3s including
+// waiting). Image size: N bytes.`
+func pullFigures(msg string) (float64, int64) {
+	m := pulledRE.FindStringSubmatch(msg)
+	if m == nil {
+		return 0, 0
+	}
+	d, _ := time.ParseDuration(m[1])
+	n, _ := strconv.ParseInt(m[2], 10, 64)
+	return d.Seconds(), n
+}
+
+// hostBuild runs the job's script on the host in a chroot of the builder image, with the
+// build container's environment, and returns its wall time.
+func hostBuild(t *testing.T, ctx context.Context, builderTar, script string, job *executorJob) float64 {
+	root := t.TempDir()
+	env := unpackImage(t, ctx, builderTar, root)
+	env = append(env, "CI_JOB_ID="+fmt.Sprint(job.jobID), "CI_PROJECT_DIR="+job.buildDir, "CI_BUILDS_DIR=/builds", "HOME=/root")
+	t0 := time.Now()
+	out, err := runInRootfs(ctx, root, env, script)
+	d := time.Since(t0)
+	if err != nil || !strings.Contains(out, "job done") {
+		t.Fatalf("the job's script on the host: %v\n%s", err, tail(out, 40))
+	}
+	t.Logf("the job's script on the host ran in %s; tail:\n%s", d.Round(time.Second), tail(out, 6))
+	return d.Seconds()
+}
+
+func writeCIJobFigures(t *testing.T, path string, f ciJobFigures) {
+	var b strings.Builder
+	ratio := func(a, b float64) string { return fmt.Sprintf("%.2fx", a/b) }
+	fmt.Fprintf(&b, "| figure | microVM node | host | ratio |\n|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| node size chosen | %s vCPU, %s memory, %s ephemeral storage | %d cores | |\n", f.NodeCPU, f.NodeMemory, f.NodeDisk, runtime.NumCPU())
+	fmt.Fprintf(&b, "| job script (clone, build, tests) | %.1f s | %.1f s | %s |\n", f.ScriptSeconds, f.HostScriptSeconds, ratio(f.ScriptSeconds, f.HostScriptSeconds))
+	fmt.Fprintf(&b, "| job wall time (Pod created -> script done) | %.1f s | %.1f s | %s |\n", f.JobSeconds, f.HostScriptSeconds, ratio(f.JobSeconds, f.HostScriptSeconds))
+	fmt.Fprintf(&b, "| Pod created -> running (decision, boot, pull) | %.1f s | | |\n", f.PodRunningSeconds)
+	fmt.Fprintf(&b, "| builder image pull and unpack on the node (%d MiB) | %.1f s | | |\n", f.ImageBytes>>20, f.PullSeconds)
+	fmt.Fprintf(&b, "| back to zero after the job (hold %.0f s) | %.1f s | | |\n", f.HoldSeconds, f.ToZeroSeconds)
+	js, _ := json.MarshalIndent(f, "", "  ")
+	if err := os.WriteFile(path, []byte(b.String()+"\n"+string(js)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("figures:\n%s", b.String())
 }
 
 func ptr(q resource.Quantity) *resource.Quantity { return &q }
