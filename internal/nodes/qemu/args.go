@@ -13,6 +13,7 @@ import (
 type launch struct {
 	Name         string
 	Accel        Accel // kvm or tcg
+	TCGCacheMiB  int64 // TCG's translation cache (tb-size); 0: qemu's default
 	CPUs         int64
 	MemoryMiB    int64
 	Kernel       string
@@ -41,7 +42,11 @@ func (l launch) args() []string {
 	} else {
 		// qemu64 lacks RDRAND, and without it the guest kernel's entropy pool takes about
 		// 20 s to initialise under TCG, which stalls every TLS handshake of the agent.
-		a = append(a, "-accel", "tcg", "-cpu", "qemu64,+rdrand")
+		accel := "tcg"
+		if l.TCGCacheMiB > 0 {
+			accel += ",tb-size=" + strconv.FormatInt(l.TCGCacheMiB, 10)
+		}
+		a = append(a, "-accel", accel, "-cpu", "qemu64,+rdrand")
 	}
 	a = append(a,
 		"-smp", strconv.FormatInt(l.CPUs, 10),

@@ -41,6 +41,16 @@ func TestArgs(t *testing.T) {
 				t.Errorf("-cpu %v under tcg, want qemu64,+rdrand (guest entropy)", got)
 			}
 		}},
+		{"tcg with a bounded translation cache", func(l *launch) { l.Accel, l.TCGCacheMiB = AccelTCG, 128 }, func(t *testing.T, a []string) {
+			if got := argAfter(a, "-accel"); !slices.Equal(got, []string{"tcg,tb-size=128"}) {
+				t.Errorf("-accel %v, want tcg,tb-size=128", got)
+			}
+		}},
+		{"kvm ignores the TCG cache", func(l *launch) { l.Accel, l.TCGCacheMiB = AccelKVM, 128 }, func(t *testing.T, a []string) {
+			if got := argAfter(a, "-accel"); !slices.Equal(got, []string{"kvm"}) {
+				t.Errorf("-accel %v, want kvm", got)
+			}
+		}},
 		{"kvm", func(l *launch) { l.Accel = AccelKVM }, func(t *testing.T, a []string) {
 			if got := argAfter(a, "-accel"); !slices.Equal(got, []string{"kvm"}) {
 				t.Errorf("-accel %v, want kvm", got)
@@ -411,4 +421,27 @@ func statBlocks(t *testing.T, file string) int64 {
 		t.Fatal(err)
 	}
 	return st.Sys().(*syscall.Stat_t).Blocks
+}
+
+func TestValidateTCGCache(t *testing.T) {
+	for _, tc := range []struct {
+		mib int64
+		ok  bool
+	}{{0, true}, {32, true}, {256, true}, {1024, true}, {16, false}, {-1, false}, {2048, false}} {
+		if err := ValidateTCGCache(tc.mib); (err == nil) != tc.ok {
+			t.Errorf("ValidateTCGCache(%d) = %v, want ok %v", tc.mib, err, tc.ok)
+		}
+	}
+}
+
+func TestVMMOverhead(t *testing.T) {
+	for _, tc := range []struct {
+		accel Accel
+		cache int64
+		want  int64
+	}{{AccelKVM, 0, 128}, {AccelKVM, 64, 128}, {AccelTCG, 0, 512}, {AccelTCG, 128, 256}, {AccelTCG, 1024, 512}} {
+		if got := vmmOverheadMiB(tc.accel, tc.cache); got != tc.want {
+			t.Errorf("vmmOverheadMiB(%s, %d) = %d, want %d", tc.accel, tc.cache, got, tc.want)
+		}
+	}
 }

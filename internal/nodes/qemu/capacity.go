@@ -15,12 +15,31 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/nodes"
 )
 
+// TCG translation cache bounds (MiB): below the minimum a guest retranslates its hot
+// code over and over; the maximum is qemu's own default.
+const (
+	MinTCGCacheMiB = 32
+	MaxTCGCacheMiB = 1024
+)
+
+// ValidateTCGCache checks a TCG translation cache size; 0 means qemu's default.
+func ValidateTCGCache(mib int64) error {
+	if mib != 0 && (mib < MinTCGCacheMiB || mib > MaxTCGCacheMiB) {
+		return fmt.Errorf("TCG translation cache %d MiB: want 0 (qemu's default, 1024) or %d to %d MiB", mib, MinTCGCacheMiB, MaxTCGCacheMiB)
+	}
+	return nil
+}
+
 // vmmOverheadMiB is host memory a VM costs beyond its guest memory: qemu itself, and
 // under TCG its translation cache. Measured: a 512 MiB TCG guest's qemu holds about
-// 1 GiB RSS, a 2 GiB one about 1.1 GiB once booted (docs/benchmarks.md).
-func vmmOverheadMiB(a Accel) int64 {
+// 1 GiB RSS, a 2 GiB one about 1.1 GiB once booted, with qemu's default 1 GiB cache
+// (docs/benchmarks.md). A smaller cache bounds that part.
+func vmmOverheadMiB(a Accel, tcgCacheMiB int64) int64 {
 	if a == AccelKVM {
 		return 128
+	}
+	if tcgCacheMiB > 0 {
+		return min(512, tcgCacheMiB+128)
 	}
 	return 512
 }
@@ -83,7 +102,7 @@ func (p *Provider) checkCapacity(req nodes.NodeRequest) error {
 	u := hostUse{memFreeMiB: avail - p.cfg.HostReserveMiB, diskFreeMiB: free>>20 - p.cfg.DiskReserveMiB}
 	for _, in := range p.insts {
 		r := in.rec.Request
-		commit := r.MemoryMiB + vmmOverheadMiB(in.rec.Accel)
+		commit := r.MemoryMiB + vmmOverheadMiB(in.rec.Accel, in.rec.TCGCacheMiB)
 		if in.rec.Process != nil && in.alive() {
 			commit -= rssMiB(in.rec.Process.PID)
 		}
@@ -95,7 +114,7 @@ func (p *Provider) checkCapacity(req nodes.NodeRequest) error {
 		}
 		u.diskFreeMiB -= (unallocatedBytes(filepath.Join(in.dir, fileRootfs)) + unallocatedBytes(filepath.Join(in.dir, fileData))) >> 20
 	}
-	needMem := req.MemoryMiB + vmmOverheadMiB(p.accel)
+	needMem := req.MemoryMiB + vmmOverheadMiB(p.accel, p.cfg.TCGCacheMiB)
 	needDisk := p.image.Files[nodeimage.FileRootfs].Size>>20 + req.DiskMiB
 	var why []string
 	if needMem > u.memFreeMiB {

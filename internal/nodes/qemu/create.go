@@ -207,15 +207,16 @@ func (p *Provider) reserve(req nodes.NodeRequest, plan nodenet.Plan) (*instance,
 	}
 	ones, _ := plan.NodeCIDR.Mask.Size()
 	inst := &instance{dir: dir, creating: true, rec: record{
-		Version:  recordVersion,
-		Request:  req,
-		Address:  fmt.Sprintf("%s/%d", addr, ones),
-		Tap:      nodenet.TapName(plan.Index, req.Cluster, req.Name),
-		Bridge:   nodenet.BridgeName(plan.Index),
-		MAC:      nodenet.NodeMAC(req.Cluster, req.Name).String(),
-		ImageDir: p.imageDir,
-		Accel:    p.accel,
-		Created:  p.now(),
+		Version:     recordVersion,
+		Request:     req,
+		Address:     fmt.Sprintf("%s/%d", addr, ones),
+		Tap:         nodenet.TapName(plan.Index, req.Cluster, req.Name),
+		Bridge:      nodenet.BridgeName(plan.Index),
+		MAC:         nodenet.NodeMAC(req.Cluster, req.Name).String(),
+		ImageDir:    p.imageDir,
+		Accel:       p.accel,
+		TCGCacheMiB: p.cfg.TCGCacheMiB,
+		Created:     p.now(),
 	}}
 	p.insts[req.Name] = inst
 	return inst, addr, nil
@@ -281,6 +282,7 @@ func (p *Provider) launchFor(inst *instance) launch {
 	return launch{
 		Name:         r.Request.Name,
 		Accel:        r.Accel,
+		TCGCacheMiB:  r.TCGCacheMiB,
 		CPUs:         r.Request.CPUs,
 		MemoryMiB:    r.Request.MemoryMiB,
 		Kernel:       filepath.Join(p.imageDir, nodeimage.FileKernel),

@@ -84,6 +84,9 @@ type Config struct {
 	Accel Accel
 	// Verdict, if set, is an accelerator already chosen (SelectAccel), used as is.
 	Verdict *Verdict
+	// TCGCacheMiB is each TCG guest's translation cache (qemu's tb-size); 0 leaves
+	// qemu's default (1 GiB). Under TCG most of a VMM's own memory is this cache.
+	TCGCacheMiB int64
 	// ProbeCacheDir keeps KVM probe verdicts (default: nodeimage.DefaultCacheDir()).
 	ProbeCacheDir string
 	// EarlyBootTimeout: a VM whose console shows no kernel progress after this is
@@ -208,6 +211,9 @@ func New(cfg Config, deps Deps) (*Provider, error) {
 func newProvider(cfg Config, deps Deps, h host) (*Provider, error) {
 	if deps.Networks == nil || deps.Joiner == nil || deps.Plan == nil {
 		return nil, errors.New("qemu provider: Deps.Networks, Deps.Joiner and Deps.Plan are required")
+	}
+	if err := ValidateTCGCache(cfg.TCGCacheMiB); err != nil {
+		return nil, err
 	}
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = DefaultStartTimeout

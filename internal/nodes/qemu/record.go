@@ -41,7 +41,10 @@ type record struct {
 	MAC      string            `json:"mac"`
 	ImageDir string            `json:"imageDir"`
 	Accel    Accel             `json:"accel"`
-	Created  time.Time         `json:"created"`
+	// TCGCacheMiB is the TCG translation cache qemu was given (tb-size); 0 is qemu's
+	// default. Host memory accounting counts it.
+	TCGCacheMiB int64     `json:"tcgCacheMiB,omitempty"`
+	Created     time.Time `json:"created"`
 	// Process is qemu's identity (pid + start time + cmdline); nil until qemu started.
 	Process *supervisor.Identity `json:"process,omitempty"`
 }
