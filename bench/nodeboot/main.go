@@ -19,7 +19,7 @@
 // each row then also has the Pod's image pull time, and the run prints the bytes the
 // host sent over the cluster bridge and received on its other interfaces meanwhile.
 //
-//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi] [-large 1024] [-timeout 20m]
+//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi] [-large 1024] [-timeout 20m] [-tcg-cache-mib 128]
 package main
 
 import (
@@ -55,6 +55,7 @@ func main() {
 	memory := flag.String("memory", "1Gi", "node memory")
 	largeMiB := flag.Int("large", 0, "run a locally built image of this many MiB (0: busybox)")
 	timeout := flag.Duration("timeout", 20*time.Minute, "how long a run may wait for its Pods to run")
+	tcgCache := flag.Int64("tcg-cache-mib", 0, "the daemon's --tcg-cache-mib (TCG translation cache per VM; 0: the daemon's default)")
 	flag.Parse()
 	if *image == "" {
 		log.Fatal("-image is required")
@@ -79,6 +80,9 @@ func main() {
 	daemon := exec.Command(*bin, "serve", "--state-dir", state, "--node-image", *image,
 		"--api-port", strconv.Itoa(apiPort), "--port-range", fmt.Sprintf("%d-%d", lo, lo),
 		"--network-range", "180-189", "--metrics-address", "")
+	if *tcgCache > 0 {
+		daemon.Args = append(daemon.Args, "--tcg-cache-mib", strconv.FormatInt(*tcgCache, 10))
+	}
 	logf, err := os.Create(state + ".log")
 	if err != nil {
 		log.Fatal(err)
@@ -132,7 +136,11 @@ func main() {
 			}
 		}
 	}
-	fmt.Printf("%d Pod(s) per run, node size 1 vCPU / %s, %s, image %s\n\n", *pods, *memory, accel, podImage)
+	cache := "TCG translation cache: the daemon's default"
+	if *tcgCache > 0 {
+		cache = fmt.Sprintf("TCG translation cache %d MiB", *tcgCache)
+	}
+	fmt.Printf("%d Pod(s) per run, node size 1 vCPU / %s, %s, %s, image %s\n\n", *pods, *memory, accel, cache, podImage)
 	fmt.Printf("| run | node | Pod->VMM start | kernel init (guest) | agent up (guest) | Pod->registered | Pod->Node Ready | Pod->Pod Running | image pull | qemu RSS | idle qemu CPU |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	var rows [][]float64
 	var summary []string
