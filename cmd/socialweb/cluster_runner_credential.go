@@ -101,7 +101,8 @@ invalidates every token minted for it.`,
 			if err != nil {
 				return err
 			}
-			cred := gitlab.Credential{Grant: grant, Cluster: c.Name, Server: cfg.Host, CA: cfg.CAData, Token: token, Expires: expires}
+			cred := gitlab.Credential{Grant: grant, Cluster: c.Name, Server: cfg.Host, ServerName: cfg.TLSClientConfig.ServerName,
+				CA: cfg.CAData, Token: token, Expires: expires}
 			fmt.Fprintf(os.Stderr, "minted a token for %s in cluster %s, namespace %s, valid until %s\n",
 				grant.Username(), c.Name, grant.Namespace, expires.UTC().Format(time.RFC3339))
 			if out == "" {

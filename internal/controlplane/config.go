@@ -37,9 +37,12 @@ type Config struct {
 	Port      int    `json:"port"`
 	// AdvertiseAddress is the address nodes reach the apiserver on.
 	AdvertiseAddress string `json:"advertiseAddress"`
-	ServiceCIDR      string `json:"serviceCIDR"`
-	ClusterCIDR      string `json:"clusterCIDR,omitempty"`
-	NodeCIDRMaskSize int    `json:"nodeCIDRMaskSize,omitempty"`
+	// ServingNames are DNS names the serving certificate is valid for besides
+	// the usual ones: the cluster's front-door (SNI) name.
+	ServingNames     []string `json:"servingNames,omitempty"`
+	ServiceCIDR      string   `json:"serviceCIDR"`
+	ClusterCIDR      string   `json:"clusterCIDR,omitempty"`
+	NodeCIDRMaskSize int      `json:"nodeCIDRMaskSize,omitempty"`
 	// Tenant enables what worker nodes need: Node authorization, bootstrap
 	// tokens, NodeRestriction.
 	Tenant bool `json:"tenant"`

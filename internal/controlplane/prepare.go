@@ -29,6 +29,7 @@ func Prepare(c Config, extraIPs ...net.IP) error {
 	}
 	ips = append(ips, extraIPs...)
 	names := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
+	names = append(names, c.ServingNames...)
 	p, err := pki.Ensure(c.PKI().Dir, pki.Options{ServingIPs: ips, ServingNames: names, Clients: clients()})
 	if err != nil {
 		return fmt.Errorf("preparing PKI for %s: %w", c.Name, err)

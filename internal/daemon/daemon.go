@@ -33,6 +33,7 @@ import (
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
 	"github.com/socialweb-computer/socialweb/internal/datastore"
+	"github.com/socialweb-computer/socialweb/internal/frontdoor"
 	"github.com/socialweb-computer/socialweb/internal/lease"
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
@@ -61,10 +62,17 @@ type Options struct {
 	NodeBootTimeout time.Duration
 	// Accel is the node accelerator asked for: auto (KVM if a guest of the node image
 	// boots under it, else TCG), kvm (refused at start where it does not) or tcg.
-	Accel          string
+	Accel string
+	// TCGCacheMiB is each TCG node VM's translation cache (qemu tb-size); 0 is qemu's.
+	TCGCacheMiB    int64
 	MetricsAddress string
-	Executable     string
-	Defaults       provider.Defaults
+	// FrontDoor is host:port of the one listener every tenant is reached
+	// through, by SNI; empty leaves each tenant on its own loopback port only.
+	FrontDoor string
+	// FrontDoorDomain: cluster NAME is reached through the door as NAME.FrontDoorDomain.
+	FrontDoorDomain string
+	Executable      string
+	Defaults        provider.Defaults
 	// ControlPlaneEnv is added to every control-plane process.
 	ControlPlaneEnv []string
 }
@@ -133,12 +141,27 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	if err := validateSizeDefaults(o.Defaults); err != nil {
 		return v, err
 	}
+	if err := frontdoor.ValidateDomain(o.FrontDoorDomain); err != nil {
+		return v, fmt.Errorf("--front-door-domain %w", err)
+	}
+	if o.FrontDoor != "" {
+		if err := frontdoor.ValidateAddress(o.FrontDoor); err != nil {
+			return v, fmt.Errorf("--front-door %w", err)
+		}
+		door := frontdoor.Config{Address: o.FrontDoor}
+		if p := door.Port(); p == o.APIPort || p >= r.Lo && p <= r.Hi {
+			return v, fmt.Errorf("--front-door %s: port %d is the management API's (--api-port) or a tenant's (--port-range %s); pick another port", o.FrontDoor, p, r)
+		}
+	}
 	if o.NodeBootTimeout < 0 {
 		return v, fmt.Errorf("--node-boot-timeout %s: want a positive duration such as 5m (0 means the default)", o.NodeBootTimeout)
 	}
 	mode, err := qemu.ParseAccel(o.Accel)
 	if err != nil {
 		return v, fmt.Errorf("--accel: %w", err)
+	}
+	if err := qemu.ValidateTCGCache(o.TCGCacheMiB); err != nil {
+		return v, fmt.Errorf("--tcg-cache-mib: %w", err)
 	}
 	if o.NodeImage != "" {
 		if _, err := nodeimage.ReadManifest(o.NodeImage); err != nil {
@@ -190,6 +213,15 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	v, err := Validate(ctx, o, log)
 	if err != nil {
 		return err
+	}
+	// The door's address is taken before anything is created: a port in use
+	// is refused like any other bad input.
+	var doorListener net.Listener
+	if v.FrontDoor != "" {
+		if doorListener, err = net.Listen("tcp", v.FrontDoor); err != nil {
+			return fmt.Errorf("--front-door %s: %w: stop what listens there or pick another address", v.FrontDoor, err)
+		}
+		defer doorListener.Close()
 	}
 	if err := os.MkdirAll(filepath.Join(v.StateDir, "clusters"), 0o700); err != nil {
 		return fmt.Errorf("creating state dir: %w", err)
@@ -243,6 +275,15 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		networks = nets
 	}
 	plan := func(cluster string) (nodenet.Plan, error) { return prov.Plan(cluster) }
+	var door *frontdoor.Door
+	if doorListener != nil {
+		// The door looks clusters up in the provider's cache; it serves
+		// once the provider exists.
+		door = frontdoor.New(frontdoor.Config{Address: v.FrontDoor, Domain: v.FrontDoorDomain},
+			frontdoor.BackendsFunc(func(cluster string) (string, bool) { return prov.Backend(cluster) }),
+			log.With("component", "frontdoor"))
+		reg.MustRegister(door.Collector())
+	}
 	nodeServices, err := startNodes(ctx, v, nets, plan, dyn, reg, log)
 	if err != nil {
 		return err
@@ -256,8 +297,17 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		Networks:     v.networks,
 		Defaults:     v.Defaults,
 		Env:          v.ControlPlaneEnv,
+		FrontDoor:    door,
 	}, log.With("component", "provider"), dyn, kube, v.store, sup)
 	reg.MustRegister(prov.Collector())
+	if door != nil {
+		go func() {
+			if err := door.Serve(ctx, doorListener); err != nil {
+				log.Error("front door stopped", "err", err)
+			}
+		}()
+		log.Info("front door", "address", doorListener.Addr().String(), "domain", v.FrontDoorDomain, "kubeconfigServer", door.Server())
+	}
 	log.Info("serving", "managementAPI", restCfg.Host, "kubeconfig", mgmt, "datastore", v.store.Describe(), "portRange", v.ports.String())
 	return prov.Run(ctx)
 }

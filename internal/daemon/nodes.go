@@ -81,7 +81,7 @@ func startNodes(ctx context.Context, v validated, nets *nodenet.Manager, plan fu
 		return nil, fmt.Errorf("--node-image needs --node-network: nodes live on their cluster's bridge")
 	}
 	joiner := &lateJoiner{}
-	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(v.StateDir, "nodes"), ImageDir: v.NodeImage, Verdict: v.verdict},
+	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(v.StateDir, "nodes"), ImageDir: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB},
 		qemu.Deps{Networks: nets, Joiner: joiner, Plan: plan, Log: log.With("component", "qemu")})
 	if err != nil {
 		return nil, err

@@ -2,6 +2,8 @@ package gitlab
 
 import (
 	"fmt"
+	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -16,10 +18,13 @@ import (
 type Credential struct {
 	Grant
 	Cluster string    // the tenant cluster's name, for names in the files
-	Server  string    // the tenant apiserver's URL
+	Server  string    // the tenant apiserver's URL (the front door's, when there is one)
 	CA      []byte    // PEM of the CA that signed the apiserver's certificate
 	Token   string    // the ServiceAccount token
 	Expires time.Time // when the apiserver stops accepting Token
+	// ServerName is the cluster's front-door (SNI) name, "" without a door:
+	// the kubeconfig sends it (tls-server-name) whatever host Server names.
+	ServerName string
 }
 
 // Kubeconfig is a kubeconfig with the CA and token embedded and the runner's namespace
@@ -27,7 +32,7 @@ type Credential struct {
 func (c Credential) Kubeconfig() ([]byte, error) {
 	cfg := clientcmdapi.NewConfig()
 	ctx := c.Cluster + "-" + c.Name
-	cfg.Clusters[c.Cluster] = &clientcmdapi.Cluster{Server: c.Server, CertificateAuthorityData: c.CA}
+	cfg.Clusters[c.Cluster] = &clientcmdapi.Cluster{Server: c.Server, TLSServerName: c.ServerName, CertificateAuthorityData: c.CA}
 	cfg.AuthInfos[ctx] = &clientcmdapi.AuthInfo{Token: c.Token}
 	cfg.Contexts[ctx] = &clientcmdapi.Context{Cluster: c.Cluster, AuthInfo: ctx, Namespace: c.Namespace}
 	cfg.CurrentContext = ctx
@@ -38,11 +43,35 @@ func (c Credential) Kubeconfig() ([]byte, error) {
 	return b, nil
 }
 
+// runnerHost is the URL the runner dials. GitLab Runner's [runners.kubernetes]
+// has host, ca_file, cert_file, key_file, bearer_token and context, but no TLS
+// server name, and Go sends a URL's host as SNI (never an IP address): behind
+// the front door the URL must name the cluster's SNI name, at the door's port.
+func (c Credential) runnerHost() (string, error) {
+	if c.ServerName == "" {
+		return c.Server, nil
+	}
+	u, err := url.Parse(c.Server)
+	if err != nil || u.Host == "" {
+		return "", fmt.Errorf("the apiserver URL %q of %s is not a URL: %v", c.Server, c.Cluster, err)
+	}
+	port := u.Port()
+	if port == "" {
+		port = "443"
+	}
+	u.Host = net.JoinHostPort(c.ServerName, port)
+	return u.String(), nil
+}
+
 // RunnerTemplate is a config.toml template for `gitlab-runner register --template-config`:
 // the kubernetes executor's connection and namespace, and the job settings s with a
 // comment on each saying why; without the GitLab URL and runner token, which `register`
 // adds. caFile is where the CA PEM is written for the runner.
 func (c Credential) RunnerTemplate(caFile string, s Settings) ([]byte, error) {
+	host, err := c.runnerHost()
+	if err != nil {
+		return nil, err
+	}
 	w := &tomlWriter{}
 	w.comment(0, "socialweb: kubernetes executor for cluster %s, namespace %s, as %s.\n"+
 		"The token expires %s; mint another with `socialweb cluster runner-credential %s`.\n"+
@@ -58,7 +87,14 @@ func (c Credential) RunnerTemplate(caFile string, s Settings) ([]byte, error) {
 		RunnerLogLimitKiB, s.LogLimitKiB, s.LogLimit)
 	w.int(1, "output_limit", s.LogLimitKiB)
 	w.line(1, "[runners.kubernetes]")
-	w.str(2, "host", c.Server)
+	if c.ServerName != "" {
+		w.comment(2, "Through the socialweb front door (%s), which routes by the TLS server name. The runner has\n"+
+			"no setting for a server name apart from the URL, so host names the cluster's: the runner's\n"+
+			"machine must resolve %s to the door (a wildcard DNS record for its domain, or a\n"+
+			"line in /etc/hosts). The kubeconfig beside this file names the door's address instead.",
+			c.Server, c.ServerName)
+	}
+	w.str(2, "host", host)
 	w.str(2, "ca_file", caFile)
 	w.str(2, "bearer_token", c.Token)
 	w.str(2, "namespace", c.Namespace)

@@ -278,6 +278,23 @@ func TestKubeconfig(t *testing.T) {
 	if ai := cfg.AuthInfos[ctx.AuthInfo]; ai == nil || ai.Token != c.Token || len(ai.ClientCertificateData) != 0 {
 		t.Errorf("user entry %+v, want the token and no certificate", ai)
 	}
+	if cl := cfg.Clusters[ctx.Cluster]; cl == nil || cl.TLSServerName != "" {
+		t.Errorf("cluster entry %+v: a server name without a front door", cl)
+	}
+
+	// Through the front door: the door's address, and the cluster's SNI name to ask for.
+	c.Server, c.ServerName = "https://127.0.0.1:8443", "ci.socialweb.localhost"
+	b, err = c.Kubeconfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clientcmd.RESTConfigFromKubeConfig(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.Host != c.Server || rc.TLSClientConfig.ServerName != c.ServerName {
+		t.Errorf("through the door the kubeconfig names %s as %q, want %s as %q", rc.Host, rc.TLSClientConfig.ServerName, c.Server, c.ServerName)
+	}
 }
 
 func TestRunnerTemplate(t *testing.T) {
@@ -296,6 +313,12 @@ func TestRunnerTemplate(t *testing.T) {
 			`    bearer_token = "eyJhbGciOi.payload.sig"` + "\n",
 			`    namespace = "gitlab-runner"` + "\n",
 			"expires 2027-01-01T00:00:00Z",
+		}, ""},
+		{"through the front door the host is the cluster's SNI name", func(c *Credential) {
+			c.Server, c.ServerName = "https://127.0.0.1:8443", "ci.socialweb.localhost"
+		}, "/ca.crt", []string{
+			`    host = "https://ci.socialweb.localhost:8443"` + "\n",
+			"must resolve ci.socialweb.localhost to the door",
 		}, ""},
 		{"quotes and backslashes are escaped", func(*Credential) {}, `/d"ir\x/ca.crt`, []string{`ca_file = "/d\"ir\\x/ca.crt"`}, ""},
 		{"a control character is refused", func(c *Credential) { c.Token = "a\nb" }, "/ca.crt", nil, "control character"},

@@ -13,6 +13,13 @@ import (
 // Kubeconfig builds a kubeconfig for server that embeds the server CA and a
 // client identity's certificate and key, so it works copied anywhere.
 func Kubeconfig(p Paths, id Identity, contextName, server string) ([]byte, error) {
+	return KubeconfigVia(p, id, contextName, server, "")
+}
+
+// KubeconfigVia is Kubeconfig for a server reached through the front door:
+// serverName ("" for none) is sent as SNI and checked against the serving
+// certificate (tls-server-name), whatever host the server URL names.
+func KubeconfigVia(p Paths, id Identity, contextName, server, serverName string) ([]byte, error) {
 	ca, err := os.ReadFile(p.ServerCA)
 	if err != nil {
 		return nil, fmt.Errorf("reading server CA: %w", err)
@@ -27,7 +34,7 @@ func Kubeconfig(p Paths, id Identity, contextName, server string) ([]byte, error
 		return nil, fmt.Errorf("reading %s key: %w", id.Name, err)
 	}
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters[contextName] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca}
+	cfg.Clusters[contextName] = &clientcmdapi.Cluster{Server: server, TLSServerName: serverName, CertificateAuthorityData: ca}
 	cfg.AuthInfos[contextName] = &clientcmdapi.AuthInfo{ClientCertificateData: cert, ClientKeyData: key}
 	cfg.Contexts[contextName] = &clientcmdapi.Context{Cluster: contextName, AuthInfo: contextName}
 	cfg.CurrentContext = contextName

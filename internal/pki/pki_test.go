@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 func readCert(t *testing.T, path string) *x509.Certificate {
@@ -140,5 +142,56 @@ func TestExpiringLeafIsRenewed(t *testing.T) {
 	}
 	if readCert(t, PathsFor(dir).ServingCert).Equal(s1) {
 		t.Errorf("a serving cert inside its renewal window was not renewed")
+	}
+}
+
+// Turning the front door on adds the cluster's SNI name: an existing serving
+// certificate without it is reissued by the same CA (so every kubeconfig
+// handed out stays valid) and then verifies for that name.
+func TestAddedNameReissuesServingCert(t *testing.T) {
+	dir := t.TempDir()
+	ips := []net.IP{net.IPv4(127, 0, 0, 1)}
+	p, err := Ensure(dir, Options{ServingIPs: ips, ServingNames: []string{"localhost"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca1, s1 := readCert(t, p.ServerCA), readCert(t, p.ServingCert)
+	const sni = "ci.socialweb.localhost"
+	if _, err := s1.Verify(x509.VerifyOptions{DNSName: sni, Roots: pool(t, p.ServerCA)}); err == nil {
+		t.Fatalf("the first serving cert is already valid for %s", sni)
+	}
+	for range 2 { // the second Ensure must keep what the first made
+		if p, err = Ensure(dir, Options{ServingIPs: ips, ServingNames: []string{"localhost", sni}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s2 := readCert(t, p.ServingCert)
+	if s2.Equal(s1) || !readCert(t, p.ServerCA).Equal(ca1) {
+		t.Fatalf("serving cert reissued %v, CA kept %v; want reissued by the same CA", !s2.Equal(s1), readCert(t, p.ServerCA).Equal(ca1))
+	}
+	for _, name := range []string{sni, "localhost", "127.0.0.1"} {
+		if _, err := s2.Verify(x509.VerifyOptions{DNSName: name, Roots: pool(t, p.ServerCA)}); err != nil {
+			t.Errorf("reissued serving cert not valid for %s: %v", name, err)
+		}
+	}
+}
+
+func TestKubeconfigViaNamesTheServerName(t *testing.T) {
+	p := ensure(t, t.TempDir(), "127.0.0.1")
+	for _, tc := range []struct{ server, serverName string }{
+		{"https://127.0.0.1:7500", ""},
+		{"https://127.0.0.1:8443", "ci.socialweb.localhost"},
+	} {
+		b, err := KubeconfigVia(p, Admin, "ci", tc.server, tc.serverName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := clientcmd.RESTConfigFromKubeConfig(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Host != tc.server || cfg.TLSClientConfig.ServerName != tc.serverName {
+			t.Errorf("kubeconfig names %s and server name %q, want %s and %q", cfg.Host, cfg.TLSClientConfig.ServerName, tc.server, tc.serverName)
+		}
 	}
 }

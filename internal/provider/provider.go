@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -28,6 +30,7 @@ import (
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
 	"github.com/socialweb-computer/socialweb/internal/datastore"
+	"github.com/socialweb-computer/socialweb/internal/frontdoor"
 	"github.com/socialweb-computer/socialweb/internal/lease"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/pki"
@@ -65,6 +68,9 @@ type Config struct {
 	// NodeServices gives Ready clusters nodes; nil keeps every cluster at
 	// zero nodes.
 	NodeServices NodeServices
+	// FrontDoor, when set, carries every cluster: serving certificates
+	// include each cluster's SNI name, and admin kubeconfigs name the door.
+	FrontDoor *frontdoor.Door
 }
 
 // Networks is the part of nodenet.Manager the provider uses.
@@ -95,6 +101,12 @@ type Provider struct {
 	// plan reports it instead of retrying in a tight loop.
 	failMu   sync.Mutex
 	failures map[string]map[Op]error
+	// prepared holds the clusters whose PKI, config and admin kubeconfig
+	// this daemon has written; a cluster provisioned by an earlier daemon is
+	// prepared again before its first start, so a changed front door (a new
+	// SNI name on the serving certificate, kubeconfigs that name the door)
+	// reaches existing clusters too. Under failMu.
+	prepared map[string]bool
 }
 
 type probe struct {
@@ -119,6 +131,7 @@ func New(cfg Config, log *slog.Logger, dyn dynamic.Interface, kube kubernetes.In
 		probes:   map[string]*probe{},
 		probing:  map[string]bool{},
 		failures: map[string]map[Op]error{},
+		prepared: map[string]bool{},
 	}
 }
 
@@ -314,6 +327,13 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 				log.Error("provision failed", "err", perr)
 			}
 		case OpStart:
+			// Provisioned by an earlier daemon: written again, for what this
+			// daemon's configuration changes (the front door's name and address).
+			if !p.isPrepared(c.Name) {
+				if err = p.provision(ctx, c, *obs.Lease); err != nil {
+					break
+				}
+			}
 			// The bridge is made before every start, not only at provision:
 			// a host reboot loses it while the cluster's files remain.
 			if err = p.ensureNetwork(ctx, c.Name, *obs.Lease); err == nil {
@@ -335,6 +355,10 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 			if err == nil {
 				p.fail(c.Name, OpLease, nil)
 				p.fail(c.Name, OpProvision, nil)
+				p.setPrepared(c.Name, false)
+				if p.cfg.FrontDoor != nil {
+					p.cfg.FrontDoor.Forget(c.Name)
+				}
 				log.Info("cluster deleted")
 				return nil, nil
 			}
@@ -429,8 +453,13 @@ func (p *Provider) controlPlaneConfig(c *v1.Cluster, l lease.Lease, endpoint str
 	if err != nil {
 		return controlplane.Config{}, err
 	}
+	var names []string
+	if p.cfg.FrontDoor != nil {
+		names = []string{p.cfg.FrontDoor.ServerName(c.Name)}
+	}
 	return controlplane.Config{
 		Name:             c.Name,
+		ServingNames:     names,
 		Dir:              ClusterDir(p.cfg.StateDir, c.Name),
 		Components:       []string{controlplane.APIServer, controlplane.ControllerManager, controlplane.Scheduler},
 		Datastore:        endpoint,
@@ -461,11 +490,53 @@ func (p *Provider) provision(ctx context.Context, c *v1.Cluster, l lease.Lease) 
 	if err := controlplane.Prepare(cfg, plan.APIService); err != nil {
 		return err
 	}
-	kc, err := pki.Kubeconfig(cfg.PKI(), pki.Admin, c.Name, cfg.URL())
+	server, serverName := cfg.URL(), ""
+	if p.cfg.FrontDoor != nil {
+		server, serverName = p.cfg.FrontDoor.Server(), p.cfg.FrontDoor.ServerName(c.Name)
+	}
+	kc, err := pki.KubeconfigVia(cfg.PKI(), pki.Admin, c.Name, server, serverName)
 	if err != nil {
 		return err
 	}
-	return p.writeAdminSecret(ctx, c, kc)
+	if err := p.writeAdminSecret(ctx, c, kc); err != nil {
+		return err
+	}
+	p.setPrepared(c.Name, true)
+	return nil
+}
+
+func (p *Provider) isPrepared(cluster string) bool {
+	p.failMu.Lock()
+	defer p.failMu.Unlock()
+	return p.prepared[cluster]
+}
+
+func (p *Provider) setPrepared(cluster string, ok bool) {
+	p.failMu.Lock()
+	defer p.failMu.Unlock()
+	if ok {
+		p.prepared[cluster] = true
+	} else {
+		delete(p.prepared, cluster)
+	}
+}
+
+// Backend is the loopback address of a cluster's apiserver, for the front
+// door: from the informer cache, so a connection costs no API call.
+func (p *Provider) Backend(cluster string) (string, bool) {
+	obj, err := p.lister.Get(cluster)
+	if err != nil {
+		return "", false
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return "", false
+	}
+	port, found, err := unstructured.NestedInt64(u.Object, "status", "port")
+	if err != nil || !found || port <= 0 {
+		return "", false
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.FormatInt(port, 10)), true
 }
 
 // AdminSecretName is the management-API Secret holding a tenant's admin kubeconfig.

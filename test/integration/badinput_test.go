@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -65,6 +66,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 // with a clear message and creates no state dir.
 func TestServeRefusesBadConfigBeforeCreatingAnything(t *testing.T) {
 	deadPort := livetest.FreePort(t)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
 	tests := []struct {
 		name    string
 		args    []string
@@ -78,6 +84,10 @@ func TestServeRefusesBadConfigBeforeCreatingAnything(t *testing.T) {
 		{"memory does not parse", []string{"--default-node-memory", "lots"}, "want a quantity"},
 		{"node image that is not one", []string{"--node-image", "/nonexistent/image"}, "socialweb image build"},
 		{"unknown accelerator", []string{"--accel", "hvf"}, "want auto"},
+		{"front door domain that is no DNS name", []string{"--front-door", "127.0.0.1:9443", "--front-door-domain", "Tenants_Example"}, "want a lowercase DNS name"},
+		{"front door without a port", []string{"--front-door", "127.0.0.1"}, "want HOST:PORT"},
+		{"front door on a tenant port", []string{"--front-door", "127.0.0.1:9005", "--port-range", "9000-9010"}, "pick another port"},
+		{"front door on a port in use", []string{"--front-door", busy.Addr().String()}, "stop what listens there"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -69,7 +69,13 @@ func nodeImage(t *testing.T) string {
 // plane is still Ready at zero nodes.
 func TestFourStepProof(t *testing.T) {
 	img := nodeImage(t)
-	d := newDaemon(t, 1, "--node-image", img)
+	args := []string{"--node-image", img}
+	// SOCIALWEB_TEST_FRONT_DOOR=1: the same proof with every client call through the front door.
+	doorOn := os.Getenv("SOCIALWEB_TEST_FRONT_DOOR") == "1"
+	if doorOn {
+		args = append(args, "--front-door", fmt.Sprintf("127.0.0.1:%d", livetest.FreePort(t)))
+	}
+	d := newDaemon(t, 1, args...)
 	d.start()
 	const hold = 20 * time.Second
 	d.mustCLI("cluster", "create", "proof", "--wait", "--hold", hold.String(), "--max-nodes", "2", "--node-disk", "4Gi")
@@ -208,6 +214,9 @@ func TestFourStepProof(t *testing.T) {
 	stdout, err := execIn(ctx, cfg, k, "default", "proof", "sh", "-c", "echo exec-ok; cat /proc/1/cmdline | tr '\\0' ' '")
 	if err != nil || !strings.Contains(stdout, "exec-ok") || !strings.Contains(stdout, "sleep 3600") {
 		t.Errorf("step 6: exec: %q, %v", stdout, err)
+	}
+	if doorOn {
+		throughTheDoor(t, ctx, cfg, k, "default", "proof")
 	}
 	t.Logf("timeline from Pod create: Provision %s, VM started %s, Node Ready %s, Pod Running %s",
 		tProvision.Round(time.Millisecond), tVM.Round(time.Millisecond), tNodeReady.Round(time.Millisecond), tRunning.Round(time.Millisecond))

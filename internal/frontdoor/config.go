@@ -1,0 +1,135 @@
+// Package frontdoor is one TCP listener that carries every tenant's apiserver.
+// It reads the server name (SNI) of each TLS ClientHello, maps
+// <cluster>.<domain> to that cluster's loopback apiserver, and from then on
+// copies bytes both ways without looking at them. The TLS session is between
+// the client and the tenant's apiserver: the door holds no tenant key, and a
+// tenant's CA, serving certificate and client certificates work through it as
+// they do on the tenant's own port. Because it never parses HTTP, watches,
+// exec, attach and port-forward (SPDY or websocket upgrades) pass through as
+// any other bytes.
+package frontdoor
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+)
+
+// DefaultDomain is the SNI domain when none is configured. Names under
+// .localhost are reserved for this host (RFC 6761), so the default never
+// claims a name someone else owns; a door reached from other machines wants a
+// domain of its own (and, for GitLab Runner, a wildcard DNS record for it).
+const DefaultDomain = "socialweb.localhost"
+
+// Defaults of the door's limits.
+const (
+	// DefaultHelloTimeout bounds the wait for a ClientHello: a client that
+	// connects and sends nothing must not hold a connection for ever.
+	DefaultHelloTimeout = 10 * time.Second
+	// DefaultMaxHello bounds the bytes read before the name is known. A
+	// ClientHello is a few hundred bytes to about 2 KiB (post-quantum key
+	// shares); two full TLS records leave room for any real one.
+	DefaultMaxHello = 2 * (16384 + 5)
+	// DefaultDialTimeout bounds the connection to a tenant's loopback port.
+	DefaultDialTimeout = 5 * time.Second
+)
+
+// Config is where the door listens and the names it answers to.
+type Config struct {
+	// Address is host:port to listen on, e.g. 0.0.0.0:8443.
+	Address string
+	// Domain: a cluster NAME is reached as NAME.Domain.
+	Domain string
+	// HelloTimeout, MaxHello and DialTimeout are limits; 0 is the default.
+	HelloTimeout time.Duration
+	MaxHello     int
+	DialTimeout  time.Duration
+}
+
+// ValidateDomain says whether domain can carry cluster names, and if not
+// what would be accepted.
+func ValidateDomain(domain string) error {
+	want := fmt.Sprintf("want a lowercase DNS name such as %s or tenants.example.com (letters, digits, '-' and '.', no trailing dot, at most %d characters)", DefaultDomain, maxDomainLength)
+	if domain == "" {
+		return fmt.Errorf("the domain is empty: %s", want)
+	}
+	if len(domain) > maxDomainLength {
+		return fmt.Errorf("%q is %d characters, too long for NAME.%s to stay a DNS name with cluster names of up to %d: %s", domain, len(domain), domain, v1.MaxNameLength, want)
+	}
+	if errs := validation.IsDNS1123Subdomain(domain); len(errs) > 0 {
+		return fmt.Errorf("%q is not a DNS name (%s): %s", domain, strings.Join(errs, "; "), want)
+	}
+	return nil
+}
+
+// maxDomainLength leaves room for the longest cluster name and its dot in a
+// 253-character DNS name.
+const maxDomainLength = validation.DNS1123SubdomainMaxLength - v1.MaxNameLength - 1
+
+// ValidateAddress says whether address is a host:port the door can listen on
+// and name in kubeconfigs.
+func ValidateAddress(address string) error {
+	want := "want HOST:PORT such as 0.0.0.0:8443 (every interface) or 127.0.0.1:8443, with a port from 1 to 65535"
+	host, port, err := net.SplitHostPort(address)
+	if err != nil {
+		return fmt.Errorf("%q: %v; %s", address, err, want)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("%q: port %q; %s", address, port, want)
+	}
+	if host != "" && net.ParseIP(host) == nil && len(validation.IsDNS1123Subdomain(host)) > 0 {
+		return fmt.Errorf("%q: host %q is neither an IP address nor a DNS name; %s", address, host, want)
+	}
+	return nil
+}
+
+// Port is the port of a valid Address.
+func (c Config) Port() int {
+	_, port, _ := net.SplitHostPort(c.Address)
+	p, _ := strconv.Atoi(port)
+	return p
+}
+
+// ServerName is the SNI name a client asks for to reach cluster.
+func (c Config) ServerName(cluster string) string { return cluster + "." + c.Domain }
+
+// Server is the URL kubeconfigs name for the door. A door on every interface
+// has no one address to name, so it is named by loopback: a copy of the
+// kubeconfig used on another machine changes only the host of this URL, and
+// tls-server-name keeps the certificate check and the routing.
+func (c Config) Server() string {
+	host, port, _ := net.SplitHostPort(c.Address)
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return "https://" + net.JoinHostPort(host, port)
+}
+
+// cluster maps an SNI name to the cluster it asks for. Only one label under
+// the domain is a cluster name; anything else is not ours.
+func (c Config) cluster(serverName string) (string, bool) {
+	name, ok := strings.CutSuffix(strings.ToLower(serverName), "."+c.Domain)
+	if !ok || name == "" || strings.Contains(name, ".") {
+		return "", false
+	}
+	return name, true
+}
+
+func (c Config) withDefaults() Config {
+	if c.HelloTimeout <= 0 {
+		c.HelloTimeout = DefaultHelloTimeout
+	}
+	if c.MaxHello <= 0 {
+		c.MaxHello = DefaultMaxHello
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	return c
+}

@@ -1,0 +1,318 @@
+package frontdoor
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Backends finds a cluster's apiserver. The daemon's provider implements it
+// from its informer cache, so a lookup costs no API call.
+type Backends interface {
+	// Backend returns the host:port of cluster's apiserver, or false when
+	// the door must not carry the cluster (there is none by that name).
+	Backend(cluster string) (addr string, ok bool)
+}
+
+// BackendsFunc adapts a function to Backends.
+type BackendsFunc func(cluster string) (string, bool)
+
+// Backend calls f.
+func (f BackendsFunc) Backend(cluster string) (string, bool) { return f(cluster) }
+
+// Door routes TLS connections by SNI. Make it with New, run it with Serve.
+type Door struct {
+	cfg      Config
+	backends Backends
+	log      *slog.Logger
+	metrics  *metrics
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+// New makes a door; cfg must have passed ValidateAddress and ValidateDomain.
+func New(cfg Config, backends Backends, log *slog.Logger) *Door {
+	return &Door{cfg: cfg.withDefaults(), backends: backends, log: log, metrics: newMetrics(), conns: map[net.Conn]struct{}{}}
+}
+
+// Collector returns the door's Prometheus metrics.
+func (d *Door) Collector() prometheus.Collector { return d.metrics }
+
+// Serve accepts connections on l until ctx ends, then closes l and every
+// connection it carries, and returns once their goroutines are done.
+func (d *Door) Serve(ctx context.Context, l net.Listener) error {
+	stop := context.AfterFunc(ctx, func() {
+		l.Close()
+		d.closeAll()
+	})
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			// Out of file descriptors and the like: wait, rather than
+			// spin or stop carrying every tenant.
+			d.log.Warn("front door: accepting a connection", "err", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		wg.Go(func() { d.handle(ctx, c) })
+	}
+}
+
+// refusal is the whole answer to a connection the door will not carry: one
+// fatal TLS alert, unrecognized_name (RFC 6066). The same bytes go to a
+// client that named an unknown cluster, named none, or named one whose
+// apiserver is down, so the answer does not tell which names exist.
+var refusal = []byte{
+	21,         // content type: alert
+	0x03, 0x03, // legacy record version TLS 1.2
+	0x00, 0x02, // length
+	2,   // level: fatal
+	112, // description: unrecognized_name
+}
+
+// handle carries one client connection: read the ClientHello, find the
+// cluster, replay the hello to its apiserver and splice.
+func (d *Door) handle(ctx context.Context, client net.Conn) {
+	if !d.track(client) {
+		return
+	}
+	defer d.untrack(client)
+	log := d.log.With("remote", client.RemoteAddr().String())
+
+	name, hello, err := d.readHello(client)
+	if err != nil {
+		// A hello that is not TLS, too large or too slow: nothing to answer.
+		d.metrics.refused.WithLabelValues(reasonOf(err)).Inc()
+		log.Debug("front door: refused", "err", err)
+		return
+	}
+	cluster, ok := d.cfg.cluster(name)
+	var addr string
+	if ok {
+		addr, ok = d.backends.Backend(cluster)
+	}
+	if !ok {
+		reason := "unknown_name"
+		if name == "" {
+			reason = "no_name"
+		}
+		d.metrics.refused.WithLabelValues(reason).Inc()
+		log.Debug("front door: refused", "reason", reason)
+		d.refuse(client)
+		return
+	}
+	log = log.With("cluster", cluster)
+	dialer := net.Dialer{Timeout: d.cfg.DialTimeout}
+	backend, err := dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		d.metrics.refused.WithLabelValues("unavailable").Inc()
+		log.Warn("front door: the cluster's apiserver does not answer", "backend", addr, "err", err)
+		d.refuse(client)
+		return
+	}
+	if !d.track(backend) {
+		return
+	}
+	defer d.untrack(backend)
+
+	m := d.metrics.forCluster(cluster)
+	m.connections.Inc()
+	m.open.Inc()
+	defer m.open.Dec()
+	start := time.Now()
+	if _, err := backend.Write(hello); err != nil {
+		log.Warn("front door: passing the ClientHello on", "backend", addr, "err", err)
+		return
+	}
+	m.in.Add(float64(len(hello)))
+	in, out := splice(client, backend, m.in, m.out)
+	log.Debug("front door: connection ended", "bytesIn", in+int64(len(hello)), "bytesOut", out, "took", time.Since(start).Round(time.Millisecond))
+}
+
+// readHello reads the ClientHello and returns its server name ("" for none)
+// and every byte read, which the cluster's apiserver must see first. The
+// parsing is crypto/tls's own: a server handshake over a connection that
+// records what it reads and refuses every write, stopped as soon as the
+// hello has been parsed.
+func (d *Door) readHello(c net.Conn) (string, []byte, error) {
+	if err := c.SetReadDeadline(time.Now().Add(d.cfg.HelloTimeout)); err != nil {
+		return "", nil, fmt.Errorf("setting the ClientHello deadline: %w", err)
+	}
+	rec := &recording{Conn: c, r: io.LimitReader(c, int64(d.cfg.MaxHello))}
+	var (
+		name string
+		seen bool
+	)
+	srv := tls.Server(rec, &tls.Config{
+		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			name, seen = h.ServerName, true
+			return nil, errHelloRead
+		},
+	})
+	err := srv.Handshake()
+	if !seen {
+		if err == nil {
+			err = errors.New("handshake ended without a ClientHello")
+		}
+		return "", nil, fmt.Errorf("reading the ClientHello (%d bytes read): %w", rec.buf.Len(), err)
+	}
+	// No deadline from here on: a watch may stay quiet for a long time.
+	if err := c.SetReadDeadline(time.Time{}); err != nil {
+		return "", nil, fmt.Errorf("clearing the ClientHello deadline: %w", err)
+	}
+	return name, rec.buf.Bytes(), nil
+}
+
+// errHelloRead stops the handshake once the hello is parsed.
+var errHelloRead = errors.New("ClientHello read")
+
+// recording is the connection readHello gives crypto/tls: reads are kept,
+// writes refused (the door never answers in the tenant's name), Close left
+// to the door.
+type recording struct {
+	net.Conn
+	r   io.Reader
+	buf bytes.Buffer
+}
+
+func (r *recording) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	r.buf.Write(p[:n])
+	return n, err
+}
+
+func (r *recording) Write([]byte) (int, error) {
+	return 0, errors.New("the front door does not answer handshakes")
+}
+func (r *recording) Close() error { return nil }
+
+// reasonOf is the metric label of a hello that could not be read.
+func reasonOf(err error) string {
+	var ne net.Error
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		return "hello_timeout"
+	default:
+		return "bad_hello"
+	}
+}
+
+// refuse sends the refusal and closes. It half-closes first and reads what
+// the client still sends for a moment, so the kernel does not reset the
+// connection before the client has read the alert.
+func (d *Door) refuse(c net.Conn) {
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write(refusal); err != nil {
+		return
+	}
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
+}
+
+// splice copies both ways until both directions have ended and returns the
+// bytes carried each way. A direction that ends cleanly (EOF) is passed on
+// as a half-close: kubectl exec sends EOF on stdin and still reads the
+// command's output. A direction that fails closes both connections, so the
+// other one ends too. There is no idle timeout: a watch may be quiet for
+// minutes; TCP keepalive (on by default for Go's listeners and dialers)
+// finds a peer that went away.
+func splice(client, backend net.Conn, in, out prometheus.Counter) (nIn, nOut int64) {
+	var wg sync.WaitGroup
+	wg.Go(func() { nIn = pipe(backend, client, in) })
+	wg.Go(func() { nOut = pipe(client, backend, out) })
+	wg.Wait()
+	client.Close()
+	backend.Close()
+	return nIn, nOut
+}
+
+// pipe copies src to dst, counting as it goes so a long stream shows in the
+// metrics while it lasts, not only once it ends.
+func pipe(dst, src net.Conn, count prometheus.Counter) int64 {
+	buf := make([]byte, 32<<10)
+	var n int64
+	for {
+		r, rerr := src.Read(buf)
+		if r > 0 {
+			w, werr := dst.Write(buf[:r])
+			n += int64(w)
+			count.Add(float64(w))
+			if werr != nil {
+				dst.Close()
+				src.Close()
+				return n
+			}
+		}
+		if rerr != nil {
+			cw, ok := dst.(interface{ CloseWrite() error })
+			if errors.Is(rerr, io.EOF) && ok && cw.CloseWrite() == nil {
+				return n
+			}
+			dst.Close()
+			src.Close()
+			return n
+		}
+	}
+}
+
+// track records a connection so Serve can close it on shutdown; false if the
+// door is already shut (the connection is closed).
+func (d *Door) track(c net.Conn) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		c.Close()
+		return false
+	}
+	d.conns[c] = struct{}{}
+	return true
+}
+
+func (d *Door) untrack(c net.Conn) {
+	d.mu.Lock()
+	delete(d.conns, c)
+	d.mu.Unlock()
+	c.Close()
+}
+
+func (d *Door) closeAll() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	for c := range d.conns {
+		c.Close()
+	}
+}
+
+// Forget drops the metrics of a deleted cluster, so they do not pile up.
+func (d *Door) Forget(cluster string) { d.metrics.forget(cluster) }
+
+// ServerName is the SNI name a client asks for to reach cluster.
+func (d *Door) ServerName(cluster string) string { return d.cfg.ServerName(cluster) }
+
+// Server is the URL kubeconfigs name for the door.
+func (d *Door) Server() string { return d.cfg.Server() }
