@@ -84,6 +84,7 @@ func TestServeRefusesBadConfigBeforeCreatingAnything(t *testing.T) {
 		{"memory does not parse", []string{"--default-node-memory", "lots"}, "want a quantity"},
 		{"node image that is not one", []string{"--node-image", "/nonexistent/image"}, "socialweb image build"},
 		{"unknown accelerator", []string{"--accel", "hvf"}, "want auto"},
+		{"TCG translation cache out of range", []string{"--tcg-cache-mib", "8"}, "want 0 (qemu's default, 1024) or 32 to 1024 MiB"},
 		{"front door domain that is no DNS name", []string{"--front-door", "127.0.0.1:9443", "--front-door-domain", "Tenants_Example"}, "want a lowercase DNS name"},
 		{"front door without a port", []string{"--front-door", "127.0.0.1"}, "want HOST:PORT"},
 		{"front door on a tenant port", []string{"--front-door", "127.0.0.1:9005", "--port-range", "9000-9010"}, "pick another port"},
