@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -40,6 +39,8 @@ func BuilderRef() string { return "socialweb.test/builder:" + BuilderSuite }
 type builderLayer struct {
 	Name     string   `json:"name"`
 	Packages []string `json:"packages"`
+	// Script runs in the chroot after the packages are installed (sh -e).
+	Script string `json:"script,omitempty"`
 }
 
 // builderLayers are the layers above the debootstrap base, split the way builder images
@@ -47,9 +48,9 @@ type builderLayer struct {
 // and a change to one does not invalidate the others' blobs.
 func builderLayers() []builderLayer {
 	return []builderLayer{
-		{"build tools", []string{"ca-certificates", "git", "make", "gcc", "g++", "libc6-dev"}},
-		{"go toolchain", []string{"golang-go"}},
-		{"rust toolchain", []string{"rustc", "cargo"}},
+		{Name: "build tools", Packages: []string{"ca-certificates", "git", "make", "gcc", "g++", "libc6-dev"}},
+		{Name: "go toolchain", Packages: []string{"golang-go"}},
+		{Name: "rust toolchain", Packages: []string{"rustc", "cargo"}},
 	}
 }
 
@@ -150,13 +151,37 @@ func Builder(ctx context.Context, opts Options) (tarPath, digest string, err err
 }
 
 func builderImage(ctx context.Context, work string, in builderIn, opts Options) (imageSpec, error) {
+	spec, err := debianLayers(ctx, work, "builder", in.Suite, in.Mirror, in.Layers, in.Excluded, opts)
+	if err != nil {
+		return imageSpec{}, err
+	}
+	junit, err := junitLayer(ctx, work, opts)
+	if err != nil {
+		return imageSpec{}, err
+	}
+	spec.layers = append(spec.layers, junit)
+	spec.history = append(spec.history, "go install "+in.JUnit+" (host Go "+in.GoVersion+", CGO_ENABLED=0) -> /usr/local/bin/go-junit-report")
+	spec.config = containerConfig{
+		Env: append(append([]string{}, defaultEnv...), "LANG=C.UTF-8"),
+		Cmd: []string{"bash"},
+		Labels: map[string]string{"computer.socialweb.image.source": "images.Builder",
+			"computer.socialweb.image.suite": in.Suite},
+	}
+	return spec, nil
+}
+
+// debianLayers debootstraps suite (minbase) into work/rootfs and returns an image of
+// its layers: the base, then one per entry of layers (its packages installed with
+// apt-get in a chroot, then its script run there). what names the image in progress
+// lines and errors. Needs root (debootstrap, chroot, mount).
+func debianLayers(ctx context.Context, work, what, suite, mirror string, layers []builderLayer, excl []string, opts Options) (imageSpec, error) {
 	if os.Geteuid() != 0 {
-		return imageSpec{}, errors.New("images: building the builder image needs root (debootstrap, chroot)")
+		return imageSpec{}, fmt.Errorf("images: building the %s image needs root (debootstrap, chroot)", what)
 	}
 	log := opts.log()
 	root := filepath.Join(work, "rootfs")
-	log.Info("builder: debootstrap", "suite", in.Suite, "mirror", in.Mirror)
-	if _, err := run(ctx, "", "debootstrap", "--variant=minbase", "--components=main", in.Suite, root, in.Mirror); err != nil {
+	log.Info(what+": debootstrap", "suite", suite, "mirror", mirror)
+	if _, err := run(ctx, "", "debootstrap", "--variant=minbase", "--components=main", suite, root, mirror); err != nil {
 		return imageSpec{}, err
 	}
 	chroot := func(script string) error {
@@ -172,10 +197,10 @@ func builderImage(ctx context.Context, work string, in builderIn, opts Options) 
 	}
 	// Apt state is removed at the end of every step so no layer carries package lists.
 	const clean = "apt-get clean; rm -rf /var/lib/apt/lists/*"
+	const noServices = `printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d`
 	if err := chroot(clean); err != nil {
 		return imageSpec{}, err
 	}
-	excl := in.Excluded
 	prev, err := scanTree(root, excl)
 	if err != nil {
 		return imageSpec{}, err
@@ -184,13 +209,23 @@ func builderImage(ctx context.Context, work string, in builderIn, opts Options) 
 	if err != nil {
 		return imageSpec{}, err
 	}
-	spec := imageSpec{layers: []blob{base}, history: []string{fmt.Sprintf("debootstrap --variant=minbase %s %s", in.Suite, in.Mirror)}}
-	for i, l := range in.Layers {
-		log.Info("builder: layer", "name", l.Name, "packages", l.Packages)
-		script := "export DEBIAN_FRONTEND=noninteractive; apt-get update -q; apt-get install -y -q --no-install-recommends " +
-			strings.Join(l.Packages, " ") + "; " + clean
+	spec := imageSpec{layers: []blob{base}, history: []string{fmt.Sprintf("debootstrap --variant=minbase %s %s", suite, mirror)}}
+	for i, l := range layers {
+		log.Info(what+": layer", "name", l.Name, "packages", l.Packages)
+		var script, history string
+		if len(l.Packages) > 0 {
+			// policy-rc.d forbids maintainer scripts to start services: the chroot shares
+			// the host's network (a web server's postinst would listen on its port 80).
+			script = "export DEBIAN_FRONTEND=noninteractive; " + noServices + "; apt-get update -q; apt-get install -y -q --no-install-recommends " +
+				strings.Join(l.Packages, " ") + "; rm -f /usr/sbin/policy-rc.d; " + clean
+			history = fmt.Sprintf("apt-get install --no-install-recommends %s # %s", strings.Join(l.Packages, " "), l.Name)
+		}
+		if l.Script != "" {
+			script = strings.TrimPrefix(script+"; "+l.Script, "; ")
+			history = strings.TrimPrefix(history+"; "+l.Script, "; ")
+		}
 		if err := chroot(script); err != nil {
-			return imageSpec{}, fmt.Errorf("images: builder layer %q: %w", l.Name, err)
+			return imageSpec{}, fmt.Errorf("images: %s layer %q: %w", what, l.Name, err)
 		}
 		cur, err := scanTree(root, excl)
 		if err != nil {
@@ -201,20 +236,8 @@ func builderImage(ctx context.Context, work string, in builderIn, opts Options) 
 			return imageSpec{}, err
 		}
 		spec.layers = append(spec.layers, b)
-		spec.history = append(spec.history, fmt.Sprintf("apt-get install --no-install-recommends %s # %s", strings.Join(l.Packages, " "), l.Name))
+		spec.history = append(spec.history, history)
 		prev = cur
-	}
-	junit, err := junitLayer(ctx, work, opts)
-	if err != nil {
-		return imageSpec{}, err
-	}
-	spec.layers = append(spec.layers, junit)
-	spec.history = append(spec.history, "go install "+in.JUnit+" (host Go "+in.GoVersion+", CGO_ENABLED=0) -> /usr/local/bin/go-junit-report")
-	spec.config = containerConfig{
-		Env: append(append([]string{}, defaultEnv...), "LANG=C.UTF-8"),
-		Cmd: []string{"bash"},
-		Labels: map[string]string{"computer.socialweb.image.source": "images.Builder",
-			"computer.socialweb.image.suite": in.Suite},
 	}
 	return spec, nil
 }

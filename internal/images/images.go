@@ -15,6 +15,9 @@
 //     /root, /home, /var; Cmd ["sh"].
 //   - Large (socialweb.test/large:<n>mib): busybox plus n MiB of seeded random data in
 //     /data, for pull tests of big images.
+//   - Builder and Debian: images debootstrapped from Debian packages, layer by layer, plus
+//     host files (builder.go, debian.go); Debian takes a DebianSpec (bench/conformance
+//     makes the e2e test images with it).
 //
 // Builds are reproducible: layers are uncompressed tars (media type
 // application/vnd.oci.image.layer.v1.tar, so digest == diff_id) with sorted entries,

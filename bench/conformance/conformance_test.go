@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bytes"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A report shaped as e2e.test writes it (ginkgo's JUnit reporter: "[It] " names,
+// status per spec, suite nodes as their own cases).
+const sampleReport = `<?xml version="1.0" encoding="UTF-8"?>
+<testsuites tests="7" disabled="0" errors="0" failures="1" time="100">
+  <testsuite name="Kubernetes e2e suite" package="/" tests="7" disabled="0" skipped="4" errors="0" failures="1" time="100">
+    <testcase name="[SynchronizedBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="1"></testcase>
+    <testcase name="[It] [sig-network] DNS should provide DNS for the cluster [Conformance]" classname="Kubernetes e2e suite" status="passed" time="30"></testcase>
+    <testcase name="[It] [sig-network] DNS should provide DNS for services [Conformance]" classname="Kubernetes e2e suite" status="failed" time="300">
+      <failure type="failed">timed out</failure>
+    </testcase>
+    <testcase name="[It] [sig-network] EndpointSlice should create Endpoints and EndpointSlices for Pods matching a Service [Conformance]" classname="Kubernetes e2e suite" status="skipped" time="0">
+      <skipped message="skipped"></skipped>
+    </testcase>
+    <testcase name="[It] [sig-node] Pods should do something [Serial] [Conformance]" classname="Kubernetes e2e suite" status="skipped" time="0">
+      <skipped message="skipped"></skipped>
+    </testcase>
+    <testcase name="[It] [sig-storage] Volumes should work" classname="Kubernetes e2e suite" status="skipped" time="0">
+      <skipped message="skipped"></skipped>
+    </testcase>
+    <testcase name="[It] [sig-node] Something with a feature [Conformance]" classname="Kubernetes e2e suite" status="skipped" time="0">
+      <skipped message="skipped - Only supported for providers [gce]"></skipped>
+    </testcase>
+    <testcase name="[ReportAfterSuite] Kubernetes e2e JUnit report" classname="Kubernetes e2e suite" status="passed" time="0"></testcase>
+  </testsuite>
+</testsuites>`
+
+func TestSummary(t *testing.T) {
+	r, err := parseReport([]byte(sampleReport))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sel{focus: `\[sig-network\]|\[sig-node\]`, labels: labelFilter,
+		skipped: []skipReason{{`EndpointSlice should create Endpoints`, "needs registry.k8s.io/e2e-test-images/nginx:1.27.0-2 (not built)"}}}
+	var out bytes.Buffer
+	r.summary(s).print(&out)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	want := []string{
+		"conformance: 1 passed, 1 failed",
+		"skipped: 2 in focus (reasons below), 2 not selected",
+		"FAILED: [sig-network] DNS should provide DNS for services [Conformance]",
+	}
+	if len(lines) < len(want) || !slices.Equal(lines[:len(want)], want) {
+		t.Fatalf("summary:\n%s\nwant it to start with:\n%s", out.String(), strings.Join(want, "\n"))
+	}
+	if !strings.Contains(out.String(), "SKIPPED: [sig-network] EndpointSlice should create Endpoints and EndpointSlices for Pods matching a Service [Conformance] -- needs registry.k8s.io/e2e-test-images/nginx") {
+		t.Errorf("the nginx test's skip reason is missing:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "the test skipped itself: Only supported for providers [gce]") {
+		t.Errorf("the test's own skip reason is missing:\n%s", out.String())
+	}
+}
+
+func TestSelection(t *testing.T) {
+	for _, tc := range []struct {
+		c              config
+		focus          string
+		nodeTestsSkips bool
+	}{
+		{config{mode: "api"}, `\[sig-api-machinery\]`, true},
+		{config{mode: "nodes"}, `\[sig-network\]|\[sig-node\]`, false},
+		{config{mode: "nodes", focus: `DNS|Services`}, `DNS|Services`, false},
+	} {
+		s := selection(tc.c)
+		if s.focus != tc.focus {
+			t.Errorf("%+v: focus %q, want %q", tc.c, s.focus, tc.focus)
+		}
+		re, err := regexp.Compile(s.skip)
+		if err != nil {
+			t.Fatalf("%+v: skip pattern does not compile: %v", tc.c, err)
+		}
+		webhook := "[sig-api-machinery] AdmissionWebhook [Privileged:ClusterAdmin] should mutate pod and apply defaults after mutation [Conformance]"
+		if got := re.MatchString(webhook); got != tc.nodeTestsSkips {
+			t.Errorf("%+v: skips the webhook test = %v, want %v", tc.c, got, tc.nodeTestsSkips)
+		}
+		if !re.MatchString("[sig-api-machinery] Aggregator Should be able to support the 1.17 Sample API Server using the current Aggregator [Conformance]") {
+			t.Errorf("%+v: the test needing sample-apiserver is not skipped", tc.c)
+		}
+		if !re.MatchString("[sig-node] Pods should do something [Serial] [Conformance]") {
+			t.Errorf("%+v: a [Serial] test is not skipped", tc.c)
+		}
+		if re.MatchString("[sig-network] DNS should provide DNS for the cluster [Conformance]") {
+			t.Errorf("%+v: the DNS test is skipped", tc.c)
+		}
+	}
+}
+
+func TestE2EArgs(t *testing.T) {
+	b := binaries{Kubectl: "/k/kubectl"}
+	api := strings.Join(e2eArgs(config{mode: "api", timeout: time.Hour}, b, selection(config{mode: "api"}), "/kc", "/r"), " ")
+	for _, want := range []string{"--allowed-not-ready-nodes=-1", "--num-nodes=0", "--provider=skeleton", "--kubeconfig=/kc",
+		"--report-dir=/r", "--kubectl-path=/k/kubectl", "--ginkgo.timeout=1h0m0s", "--disable-log-dump"} {
+		if !strings.Contains(api, want) {
+			t.Errorf("api args lack %s: %s", want, api)
+		}
+	}
+	nodes := strings.Join(e2eArgs(config{mode: "nodes", timeout: time.Hour}, b, selection(config{mode: "nodes"}), "/kc", "/r"), " ")
+	if strings.Contains(nodes, "--num-nodes") || !strings.Contains(nodes, "--allowed-not-ready-nodes=0") {
+		t.Errorf("nodes args: %s", nodes)
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	t.Setenv("SOCIALWEB_CONFORMANCE_MODE", "nodes")
+	t.Setenv("SOCIALWEB_CONFORMANCE_NODES", "3")
+	c, err := parseFlags([]string{"-image", "/img"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.mode != "nodes" || c.nodes != 3 || c.timeout != 10*time.Hour {
+		t.Errorf("env defaults: %+v", c)
+	}
+	if c, err = parseFlags([]string{"-image", "/img", "-mode", "api"}); err != nil || c.mode != "api" || c.timeout != 2*time.Hour {
+		t.Errorf("flag over env: %+v, %v", c, err)
+	}
+	for _, bad := range [][]string{{"-mode", "x", "-image", "/i"}, {"-nodes", "0", "-image", "/i"}, {}} {
+		if _, err := parseFlags(bad); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+	if _, err := parseFlags([]string{"-build-only"}); err != nil {
+		t.Errorf("-build-only without -image: %v", err)
+	}
+}
+
+func TestPlaceholder(t *testing.T) {
+	d := placeholder(3)
+	if *d.Spec.Replicas != 3 {
+		t.Fatalf("replicas %d", *d.Spec.Replicas)
+	}
+	aa := d.Spec.Template.Spec.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	if len(aa) != 1 || aa[0].TopologyKey != "kubernetes.io/hostname" || aa[0].LabelSelector.MatchLabels["app"] != d.Spec.Template.Labels["app"] {
+		t.Fatalf("anti-affinity: %+v", aa)
+	}
+	if c := d.Spec.Template.Spec.Containers[0]; c.Image != sandboxImage() || len(c.Resources.Requests) != 0 {
+		t.Fatalf("container: %+v", c)
+	}
+}
