@@ -38,6 +38,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
+	"github.com/socialweb-computer/socialweb/internal/nodeservice"
 	"github.com/socialweb-computer/socialweb/internal/pki"
 	"github.com/socialweb-computer/socialweb/internal/provider"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
@@ -284,7 +285,9 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 			log.With("component", "frontdoor"))
 		reg.MustRegister(door.Collector())
 	}
-	nodeServices, err := startNodes(ctx, v, nets, plan, dyn, reg, log)
+	nodeServices, err := nodeservice.Start(ctx,
+		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, BootTimeout: v.NodeBootTimeout},
+		nodeservice.Deps{Networks: nets, Plan: plan, Status: provider.ScaleStatus{Client: dyn}, Metrics: reg, Log: log})
 	if err != nil {
 		return err
 	}

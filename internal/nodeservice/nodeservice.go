@@ -1,6 +1,12 @@
-// Package nodeservice runs, for each Ready tenant cluster, what gives it
-// nodes: a scale driver over the host's NodeProvider, the cloud-controller-
-// manager, and the identity minter that the provider's Joiner dispatches to.
+// Package nodeservice gives tenant clusters their nodes. Start (setup.go) brings
+// up the host's side once: the qemu provider, the registry nodes pull from, and the
+// Host. When a cluster is Ready, the provider assembles its Cluster (ClusterFrom,
+// from its object, lease and PKI) and starts it on the Host: a scale driver boots
+// microVMs for its Pending Pods, each VM asks Joiners for its identity (the cluster's
+// minter, registered while it runs) and joins as a Node, the cloud-controller-manager
+// reports the VMs, and the registry, a DNS relay and pod routes serve it on its
+// bridge. When the cluster is deleted, the provider stops its services and deletes
+// its machines.
 package nodeservice
 
 import (
@@ -14,36 +20,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/socialweb-computer/socialweb/internal/ccm"
-	"github.com/socialweb-computer/socialweb/internal/identity"
-	"github.com/socialweb-computer/socialweb/internal/join"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
 	"github.com/socialweb-computer/socialweb/internal/podroutes"
 	"github.com/socialweb-computer/socialweb/internal/scale"
 	"github.com/socialweb-computer/socialweb/internal/scaledriver"
 )
-
-// Cluster is what a cluster's node services need.
-type Cluster struct {
-	Name     string
-	Tenant   kubernetes.Interface // admin client of the tenant
-	Minter   join.Minter
-	NodeSize scale.NodeSize
-	// MaxNodeSize is the largest node; a field of 0 is NodeSize's (a fixed size).
-	MaxNodeSize scale.NodeSize
-	MaxNodes    int
-	Hold        time.Duration
-	// RegistryAddr is where the host registry serves this cluster's nodes
-	// (its gateway address); empty serves none.
-	RegistryAddr string
-	// DNSAddr is where the host's resolver is relayed to this cluster's nodes
-	// (gateway:53): their own lookups and every name their cluster DNS forwards.
-	// Empty serves none.
-	DNSAddr string
-}
 
 // Addresser is optionally implemented by a NodeProvider that knows each
 // machine's address (the qemu provider does); the CCM reports it.
@@ -66,6 +50,7 @@ type Host struct {
 	PodRoutes func(Cluster) podroutes.Table
 
 	provider nodes.NodeProvider
+	joiners  *Joiners
 	registry http.Handler
 	status   scaledriver.StatusRecorder
 	metrics  prometheus.Registerer
@@ -78,13 +63,13 @@ type Host struct {
 type running struct {
 	cancel context.CancelFunc
 	done   chan struct{}
-	minter join.Minter
 }
 
 // New returns a Host. provider may be nil: clusters then stay at zero nodes
-// and Start says why once.
-func New(provider nodes.NodeProvider, registry http.Handler, status scaledriver.StatusRecorder, metrics prometheus.Registerer, log *slog.Logger) *Host {
-	return &Host{provider: provider, registry: registry, status: status, metrics: metrics, log: log, clusters: map[string]*running{}}
+// and Start says why once. Otherwise joiners is the provider's Joiner: Start
+// registers each cluster's minter there, and Stop removes it.
+func New(provider nodes.NodeProvider, joiners *Joiners, registry http.Handler, status scaledriver.StatusRecorder, metrics prometheus.Registerer, log *slog.Logger) *Host {
+	return &Host{provider: provider, joiners: joiners, registry: registry, status: status, metrics: metrics, log: log, clusters: map[string]*running{}}
 }
 
 // Start runs the cluster's node services until Stop or ctx ends; starting a
@@ -113,8 +98,9 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 		return fmt.Errorf("scale driver for %s: %w", c.Name, err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	r := &running{cancel: cancel, done: make(chan struct{}), minter: c.Minter}
+	r := &running{cancel: cancel, done: make(chan struct{})}
 	h.clusters[c.Name] = r
+	h.joiners.Register(c.Name, c.Minter)
 	var wg sync.WaitGroup
 	if h.registry != nil && c.RegistryAddr != "" {
 		wg.Add(1)
@@ -212,12 +198,16 @@ func (h *Host) serveDNS(ctx context.Context, cluster, addr string) {
 func (h *Host) Stop(name string) {
 	h.mu.Lock()
 	r := h.clusters[name]
-	delete(h.clusters, name)
-	h.mu.Unlock()
 	if r != nil {
-		r.cancel()
-		<-r.done
+		delete(h.clusters, name)
+		h.joiners.Remove(name)
 	}
+	h.mu.Unlock()
+	if r == nil {
+		return
+	}
+	r.cancel()
+	<-r.done
 }
 
 // DeleteAll deletes every machine of a cluster (on cluster delete).
@@ -238,18 +228,6 @@ func (h *Host) DeleteAll(ctx context.Context, cluster string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// Identity implements the qemu provider's Joiner by dispatching to the
-// cluster's minter.
-func (h *Host) Identity(ctx context.Context, req nodes.NodeRequest, addr net.IP, mac string) (identity.Identity, error) {
-	h.mu.Lock()
-	r := h.clusters[req.Cluster]
-	h.mu.Unlock()
-	if r == nil {
-		return identity.Identity{}, fmt.Errorf("cluster %s has no node services running", req.Cluster)
-	}
-	return r.minter.Identity(ctx, req, addr, mac)
 }
 
 // Machine implements ccm.Machines over the provider's List.

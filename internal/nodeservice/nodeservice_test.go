@@ -24,7 +24,8 @@ import (
 func TestHostRunsAClustersNodeServices(t *testing.T) {
 	tenant := kubefake.NewSimpleClientset()
 	prov := fake.New(fake.WithTenant(tenant))
-	h := New(prov, nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	joiners := &Joiners{}
+	h := New(prov, joiners, nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	plan, _ := nodenet.ForIndex(7)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -56,14 +57,14 @@ func TestHostRunsAClustersNodeServices(t *testing.T) {
 	if _, ok, _ := h.Machine(ctx, "other", name); ok {
 		t.Error("a machine is visible under another cluster")
 	}
-	id, err := h.Identity(ctx, nodes.NodeRequest{Cluster: "ci", Name: name, MaxPods: 110}, net.ParseIP("10.250.7.2"), "02:00:00:00:00:07")
+	id, err := joiners.Identity(ctx, nodes.NodeRequest{Cluster: "ci", Name: name, MaxPods: 110}, net.ParseIP("10.250.7.2"), "02:00:00:00:00:07")
 	if err != nil || id.NodeName != name || id.Gateway != "10.250.7.1" {
 		t.Errorf("Identity = %+v, %v", id, err)
 	}
-	if _, err := h.Identity(ctx, nodes.NodeRequest{Cluster: "nosuch", Name: "x"}, nil, ""); err == nil {
-		t.Error("Identity for a cluster without node services")
-	}
 	h.Stop("ci")
+	if _, ok := joiners.Minter("ci"); ok {
+		t.Error("a stopped cluster's minter still mints identities")
+	}
 	if err := h.DeleteAll(ctx, "ci"); err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +74,7 @@ func TestHostRunsAClustersNodeServices(t *testing.T) {
 }
 
 func TestHostWithoutProviderSaysWhatToDo(t *testing.T) {
-	h := New(nil, nil, nil, nil, slog.New(slog.DiscardHandler))
+	h := New(nil, nil, nil, nil, nil, slog.New(slog.DiscardHandler))
 	err := h.Start(context.Background(), Cluster{Name: "ci"})
 	if err == nil || !strings.Contains(err.Error(), "socialweb image build") {
 		t.Errorf("Start without a provider: %v", err)

@@ -33,6 +33,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/frontdoor"
 	"github.com/socialweb-computer/socialweb/internal/lease"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
+	"github.com/socialweb-computer/socialweb/internal/nodeservice"
 	"github.com/socialweb-computer/socialweb/internal/pki"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
 )
@@ -67,7 +68,7 @@ type Config struct {
 	NodeNetworks Networks
 	// NodeServices gives Ready clusters nodes; nil keeps every cluster at
 	// zero nodes.
-	NodeServices NodeServices
+	NodeServices nodeservice.NodeServices
 	// FrontDoor, when set, carries every cluster: serving certificates
 	// include each cluster's SNI name, and admin kubeconfigs name the door.
 	FrontDoor *frontdoor.Door

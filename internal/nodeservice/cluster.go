@@ -1,0 +1,98 @@
+package nodeservice
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/controlplane"
+	"github.com/socialweb-computer/socialweb/internal/join"
+	"github.com/socialweb-computer/socialweb/internal/lease"
+	"github.com/socialweb-computer/socialweb/internal/nodenet"
+	"github.com/socialweb-computer/socialweb/internal/pki"
+	"github.com/socialweb-computer/socialweb/internal/scale"
+)
+
+// RegistryPort is where the host registry serves each cluster's nodes, on
+// the cluster's gateway address.
+const RegistryPort = 5000
+
+// Cluster is what a cluster's node services need.
+type Cluster struct {
+	Name     string
+	Tenant   kubernetes.Interface // admin client of the tenant
+	Minter   join.Minter
+	NodeSize scale.NodeSize
+	// MaxNodeSize is the largest node; a field of 0 is NodeSize's (a fixed size).
+	MaxNodeSize scale.NodeSize
+	MaxNodes    int
+	Hold        time.Duration
+	// RegistryAddr is where the host registry serves this cluster's nodes
+	// (its gateway address); empty serves none.
+	RegistryAddr string
+	// DNSAddr is where the host's resolver is relayed to this cluster's nodes
+	// (gateway:53): their own lookups and every name their cluster DNS forwards.
+	// Empty serves none.
+	DNSAddr string
+}
+
+// ClusterFrom assembles a Ready cluster's node services from its object, its
+// lease and its dir (provider.ClusterDir: the tenant's admin kubeconfig and
+// CAs, written when the control plane was prepared).
+func ClusterFrom(c *v1.Cluster, l lease.Lease, dir string) (Cluster, error) {
+	restCfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, pki.Admin.Name+".kubeconfig"))
+	if err != nil {
+		return Cluster{}, fmt.Errorf("tenant credentials of %s: %w", c.Name, err)
+	}
+	tenant, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return Cluster{}, fmt.Errorf("tenant client of %s: %w", c.Name, err)
+	}
+	paths := controlplane.Config{Dir: dir}.PKI()
+	ca, err := os.ReadFile(paths.ServerCA)
+	if err != nil {
+		return Cluster{}, fmt.Errorf("server CA of %s: %w", c.Name, err)
+	}
+	clientCA, err := os.ReadFile(paths.ClientCA)
+	if err != nil {
+		return Cluster{}, fmt.Errorf("client CA of %s: %w", c.Name, err)
+	}
+	return clusterOf(c, l, tenant, ca, clientCA)
+}
+
+// clusterOf is ClusterFrom once the files are read: the spec's sizes and the
+// gateway addresses the lease's network gives.
+func clusterOf(c *v1.Cluster, l lease.Lease, tenant kubernetes.Interface, ca, clientCA []byte) (Cluster, error) {
+	plan, err := nodenet.ForIndex(l.Network)
+	if err != nil {
+		return Cluster{}, fmt.Errorf("network plan of %s: %w", c.Name, err)
+	}
+	gw := plan.Gateway.String()
+	s := c.Spec
+	return Cluster{
+		Name:   c.Name,
+		Tenant: tenant,
+		Minter: join.Minter{
+			Tenant: tenant, APIServer: fmt.Sprintf("https://%s:%d", gw, l.Port), CACert: ca, ClientCA: clientCA, Plan: plan,
+			Registry: fmt.Sprintf("http://%s:%d", gw, RegistryPort),
+		},
+		NodeSize: scale.NodeSize{
+			CPUs: int64(s.NodeCPUs), MemoryMiB: s.NodeMemory.Value() >> 20, DiskMiB: s.NodeDisk.Value() >> 20,
+			MaxPods: int(s.PodsPerNode),
+		},
+		// A cluster from before sizes had a maximum has 0s here: a fixed size, as it was.
+		MaxNodeSize: scale.NodeSize{
+			CPUs: int64(s.MaxNodeCPUs), MemoryMiB: s.MaxNodeMemory.Value() >> 20, DiskMiB: s.MaxNodeDisk.Value() >> 20,
+		},
+		MaxNodes:     int(s.MaxNodes),
+		Hold:         s.Hold.Duration,
+		RegistryAddr: fmt.Sprintf("%s:%d", gw, RegistryPort),
+		DNSAddr:      net.JoinHostPort(gw, "53"),
+	}, nil
+}

@@ -1,0 +1,138 @@
+package nodeservice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/socialweb-computer/socialweb/internal/images"
+	"github.com/socialweb-computer/socialweb/internal/nodenet"
+	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
+	"github.com/socialweb-computer/socialweb/internal/podroutes"
+	"github.com/socialweb-computer/socialweb/internal/registry"
+	"github.com/socialweb-computer/socialweb/internal/scaledriver"
+)
+
+// NodeServices gives Ready clusters their nodes: the Host, or without a node
+// image a stand-in that says why there are none. The provider calls Start on
+// every reconcile of a Ready cluster, Stop and DeleteAll on its delete.
+type NodeServices interface {
+	Start(ctx context.Context, c Cluster) error
+	Stop(name string)
+	DeleteAll(ctx context.Context, cluster string) error
+}
+
+// Config is the node machinery's part of `socialweb serve`'s validated options.
+type Config struct {
+	// StateDir is the daemon's: node VMs live under nodes/, the registry under registry/.
+	StateDir string
+	// NodeImage is a built node image dir; empty boots no nodes (Start returns the stand-in).
+	NodeImage string
+	// Verdict is the accelerator chosen by probing the image (--accel).
+	Verdict     *qemu.Verdict
+	TCGCacheMiB int64
+	// BootTimeout is the Host's (0: the scale driver's defaults).
+	BootTimeout time.Duration
+}
+
+// Deps are the daemon's collaborators the node machinery uses.
+type Deps struct {
+	// Networks makes and routes each cluster's bridge; a node image needs it.
+	Networks *nodenet.Manager
+	// Plan returns a cluster's network plan (provider.Plan, from its lease).
+	Plan func(cluster string) (nodenet.Plan, error)
+	// Status is where scale decisions and node conditions land (provider.ScaleStatus).
+	Status  scaledriver.StatusRecorder
+	Metrics prometheus.Registerer
+	Log     *slog.Logger
+}
+
+// Start brings up the node machinery: the qemu provider (recovering the VMs of an
+// earlier run), the host registry seeded with the images nodes pull, and the Host
+// that runs each Ready cluster's node services. Without a node image it returns a
+// stand-in that reports, on each cluster, why it gets no nodes.
+func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
+	log := deps.Log
+	if cfg.NodeImage == "" {
+		log.Info("no --node-image: clusters stay at zero nodes (build one with `socialweb image build`)")
+		return newNoNodeImage(deps.Status), nil
+	}
+	if deps.Networks == nil {
+		return nil, errors.New("--node-image needs --node-network: nodes live on their cluster's bridge")
+	}
+	// Built first and handed to both: the provider asks it for each booting node's
+	// identity, the Host registers each running cluster's minter in it.
+	joiners := &Joiners{}
+	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(cfg.StateDir, "nodes"), ImageDir: cfg.NodeImage, Verdict: cfg.Verdict, TCGCacheMiB: cfg.TCGCacheMiB},
+		qemu.Deps{Networks: deps.Networks, Joiner: joiners, Plan: deps.Plan, Log: log.With("component", "qemu")})
+	if err != nil {
+		return nil, fmt.Errorf("starting the node provider: %w", err)
+	}
+	res, err := qp.Recover(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("recovering node VMs: %w", err)
+	}
+	log.Info("node VMs recovered", "result", fmt.Sprintf("%+v", res))
+	regDir := filepath.Join(cfg.StateDir, "registry")
+	if err := os.MkdirAll(regDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating the registry dir: %w", err)
+	}
+	rs := &registry.Server{Dir: regDir, Logger: log.With("component", "registry")}
+	go seedImages(ctx, rs, log)
+	// qp itself, not a wrapper: the node services find its optional sides (Addresser,
+	// Diagnoser, EarlyBootWatcher, AcceleratorReporter) by type assertion.
+	host := New(qp, joiners, rs.Handler(), deps.Status, deps.Metrics, log.With("component", "nodes"))
+	host.BootTimeout = cfg.BootTimeout
+	nets := deps.Networks
+	host.PodRoutes = func(c Cluster) podroutes.Table { return clusterRoutes{nets, c.Minter.Plan} }
+	return host, nil
+}
+
+// seedImages builds the pause and busybox images locally and loads them into
+// the registry; nodes pull them from there.
+func seedImages(ctx context.Context, rs *registry.Server, log *slog.Logger) {
+	for _, name := range []string{images.Pause, images.Busybox} {
+		tarPath, digest, err := images.Build(ctx, name, images.Options{Logger: log})
+		if err != nil {
+			log.Error("building image", "image", name, "err", err)
+			continue
+		}
+		f, err := os.Open(tarPath)
+		if err != nil {
+			log.Error("opening image", "image", name, "err", err)
+			continue
+		}
+		refs, err := rs.Import(ctx, f)
+		f.Close()
+		if err != nil {
+			log.Error("loading image into the registry", "image", name, "err", err)
+			continue
+		}
+		log.Info("image ready in the registry", "image", name, "digest", digest, "refs", refs)
+	}
+}
+
+// clusterRoutes is one cluster's view of the host route table.
+type clusterRoutes struct {
+	m    *nodenet.Manager
+	plan nodenet.Plan
+}
+
+func (r clusterRoutes) PodRoutes(ctx context.Context) (map[string]net.IP, error) {
+	return r.m.PodRoutes(ctx, r.plan)
+}
+
+func (r clusterRoutes) AddPodRoute(ctx context.Context, cidr string, via net.IP) error {
+	return r.m.AddPodRoute(ctx, r.plan, cidr, via)
+}
+
+func (r clusterRoutes) RemovePodRoute(ctx context.Context, cidr string, via net.IP) error {
+	return r.m.RemovePodRoute(ctx, r.plan, cidr, via)
+}
