@@ -12,6 +12,12 @@
 // The guest uptimes come from the agent's timeline lines on the serial console
 // (`step=<name> uptime=<s>s`); the host times from the tenant API and the daemon.
 //
+// A second table is the daemon's own breakdown of each node's start, from its `node start`
+// log line (the figures of its socialweb_node_start_phase_seconds histogram): decision
+// (Pod created -> scale decision), vmm (-> VMM started), kernel and agent (guest), registered
+// (the rest until the Node registered), ready (-> Node Ready), image (the kubelet's pulls),
+// container (the rest until the Pod's containers started) and their total.
+//
 // With -pods N each run creates N Pods at once that must not share a node, prints each
 // node's timeline, the time from N Pending Pods to N Running, and the host memory each
 // microVM costs (RSS of its qemu process against the guest's memory). With -large MiB
@@ -25,9 +31,11 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -144,6 +152,8 @@ func main() {
 	fmt.Printf("| run | node | Pod->VMM start | kernel init (guest) | agent up (guest) | Pod->registered | Pod->Node Ready | Pod->Pod Running | image pull | qemu RSS | idle qemu CPU |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	var rows [][]float64
 	var summary []string
+	var starts [][]float64 // the daemon's breakdown per node; NaN where it has no figure
+	var startRows []string
 	for i := range *runs {
 		r, err := measure(ctx, k, state, i, *pods, podImage, *timeout)
 		if err != nil {
@@ -152,6 +162,18 @@ func main() {
 		for j, n := range r.nodes {
 			rows = append(rows, n.times())
 			fmt.Printf("| %d | %d |%s %.2fs | %d MiB | %.0f%% of a core |\n", i+1, j+1, cells(n.times()), n.pull, n.rssMiB, 100*n.idleCPU)
+		}
+		breakdowns := startBreakdowns(state + ".log")
+		for j, n := range r.nodes {
+			row := make([]float64, len(startPhases))
+			for c, ph := range startPhases {
+				row[c] = math.NaN()
+				if v, ok := breakdowns[n.name][ph]; ok {
+					row[c] = v
+				}
+			}
+			starts = append(starts, row)
+			startRows = append(startRows, fmt.Sprintf("| %d | %d |%s", i+1, j+1, optCells(row)))
 		}
 		summary = append(summary, fmt.Sprintf("| %d | %.2fs | %d MiB | %d MiB | %.1f MiB | %.1f MiB | %d MiB |", i+1, r.allRunning.Seconds(),
 			r.guestMiB, r.meanRSSMiB(), float64(r.bridgeTx)/(1<<20), float64(r.otherRx)/(1<<20), r.registryMiB))
@@ -170,6 +192,69 @@ func main() {
 	for _, l := range summary {
 		fmt.Println(l)
 	}
+	fmt.Printf("\nWhere each start went, by the daemon (its `node start` log line: each phase its own duration, and their total):\n\n| run | node |")
+	for _, ph := range startPhases {
+		fmt.Printf(" %s |", ph)
+	}
+	fmt.Printf("\n|---|---|%s\n", strings.Repeat("---|", len(startPhases)))
+	for _, l := range startRows {
+		fmt.Println(l)
+	}
+	startMed := make([]float64, len(startPhases))
+	for c := range startMed {
+		var col []float64
+		for _, r := range starts {
+			if !math.IsNaN(r[c]) {
+				col = append(col, r[c])
+			}
+		}
+		startMed[c] = math.NaN()
+		if len(col) > 0 {
+			sort.Float64s(col)
+			startMed[c] = col[len(col)/2]
+		}
+	}
+	fmt.Printf("| median | all |%s\n", optCells(startMed))
+}
+
+// startPhases are the daemon's start breakdown phases, in order, and their total.
+var startPhases = []string{"decision", "vmm", "kernel", "agent", "registered", "ready", "image", "container", "total"}
+
+// startBreakdowns reads the daemon's `node start` log lines (JSON): node -> phase ->
+// seconds.
+func startBreakdowns(logFile string) map[string]map[string]float64 {
+	out := map[string]map[string]float64{}
+	f, err := os.Open(logFile)
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		var l struct {
+			Msg     string             `json:"msg"`
+			Node    string             `json:"node"`
+			Seconds map[string]float64 `json:"seconds"`
+		}
+		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == "node start" && l.Node != "" {
+			out[l.Node] = l.Seconds
+		}
+	}
+	return out
+}
+
+// optCells is cells with "-" for a figure the daemon did not give (NaN).
+func optCells(r []float64) string {
+	var b strings.Builder
+	for _, v := range r {
+		if math.IsNaN(v) {
+			b.WriteString(" - |")
+			continue
+		}
+		fmt.Fprintf(&b, " %.2fs |", v)
+	}
+	return b.String()
 }
 
 func cells(r []float64) string {

@@ -15,7 +15,9 @@
 //     `msg=agent step=<name> uptime=<s>s took=<d>`, where uptime is the
 //     guest's /proc/uptime (seconds since the kernel started), so the host
 //     can read kernel init -> agent up -> containerd up -> kubelet started
-//     from the serial console. A last line `step=up` closes the phase. A
+//     from the serial console. A last line `step=up` closes the phase; the
+//     boot-timeline step then puts the same uptimes on the node's Node object
+//     (boottimeline.Annotation) for the host's start breakdown. A
 //     failing step is logged with its error and goes straight to shutdown.
 //     The modules step loads only overlay and br_netfilter; the netfilter
 //     modules the kubelet and the CNI plugins use load in the background
@@ -74,6 +76,7 @@ import (
 
 	"k8s.io/kubernetes/cmd/kubelet/app/options"
 
+	"github.com/socialweb-computer/socialweb/internal/boottimeline"
 	"github.com/socialweb-computer/socialweb/internal/identity"
 )
 
@@ -264,7 +267,10 @@ type Agent struct {
 
 	started time.Time
 	stop    chan string // reasons to shut down
-	reaper  *reaper
+	// booted gets the boot timeline once the boot steps are done (buffered: Run never
+	// waits for the boot-timeline step's publisher).
+	booted chan boottimeline.Timeline
+	reaper *reaper
 	// bg ends with the run phase: background work (the power button
 	// watcher) stops there.
 	bg     context.Context
@@ -283,7 +289,7 @@ func New(cfg Config) *Agent {
 	cfg.complete()
 	bg, stop := context.WithCancel(context.Background())
 	return &Agent{Config: cfg, Layout: cfg.Layout, Log: cfg.Log, started: time.Now(), stop: make(chan string, 8),
-		bg: bg, bgStop: stop}
+		booted: make(chan boottimeline.Timeline, 1), bg: bg, bgStop: stop}
 }
 
 // Step is one named stage of the boot or shutdown chain.
@@ -389,6 +395,7 @@ const (
 	StepDNS              = "dns"
 	StepHealth           = "health"
 	StepCPUReport        = "cpu-report"
+	StepTimeline         = "boot-timeline"
 
 	StepStopKubelet    = "stop-kubelet"
 	StepStopContainerd = "stop-containerd"
@@ -418,6 +425,7 @@ func DefaultSteps() Steps {
 		{StepDNS, stepDNS},
 		{StepHealth, stepHealth},
 		{StepCPUReport, stepCPUReport},
+		{StepTimeline, stepTimeline},
 	}
 }
 
@@ -445,9 +453,14 @@ func (a *Agent) Uptime() time.Duration {
 }
 
 // Timeline logs one timeline line: msg=agent step=<name> uptime=<s>s.
-func (a *Agent) Timeline(step string, attrs ...any) {
-	args := append([]any{"step", step, "uptime", fmt.Sprintf("%.2fs", a.Uptime().Seconds())}, attrs...)
+func (a *Agent) Timeline(step string, attrs ...any) { a.timeline(step, attrs...) }
+
+// timeline is Timeline, returning the uptime it logged.
+func (a *Agent) timeline(step string, attrs ...any) time.Duration {
+	up := a.Uptime()
+	args := append([]any{"step", step, "uptime", fmt.Sprintf("%.2fs", up.Seconds())}, attrs...)
 	a.Log.Info("agent", args...)
+	return up
 }
 
 // Stop asks a running agent to shut down (idempotent; the first reason wins).
@@ -468,7 +481,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.Config.ShutdownSteps.validate(); err != nil {
 		return err
 	}
-	a.Timeline("start", "pid", os.Getpid(), "version", agentVersion())
+	boot := boottimeline.Timeline{}
+	boot.Set(boottimeline.StepStart, a.timeline(boottimeline.StepStart, "pid", os.Getpid(), "version", agentVersion()))
 	if os.Getpid() == 1 {
 		a.reaper = startReaper(a.Log)
 	}
@@ -497,10 +511,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			reason = "step " + st.Name + " failed"
 			break
 		}
-		a.Timeline(st.Name, "took", time.Since(t0).Round(time.Millisecond))
+		boot.Set(st.Name, a.timeline(st.Name, "took", time.Since(t0).Round(time.Millisecond)))
 	}
 	if reason == "" {
-		a.Timeline("up")
+		boot.Set(boottimeline.StepUp, a.timeline(boottimeline.StepUp))
+		select {
+		case a.booted <- boot:
+		default: // Run ran before; its timeline is the one published
+		}
 		select {
 		case reason = <-a.stop:
 		case <-ctx.Done():

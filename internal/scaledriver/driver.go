@@ -3,7 +3,9 @@
 // a nodes.NodeProvider, and records it (an Event on the tenant, the Cluster status via a
 // StatusRecorder, Prometheus metrics). Between passes it keeps only each node's
 // idle-since time, and advances it only when the action succeeded, so a failed
-// teardown is retried rather than forgotten.
+// teardown is retried rather than forgotten. For each node it boots it also records
+// where the start went, from its first Pod's creation to that Pod's containers running
+// (starts.go).
 package scaledriver
 
 import (
@@ -168,6 +170,7 @@ type Driver struct {
 	daemonSets   appslisters.DaemonSetLister
 	synced       []cache.InformerSynced
 	kick         chan struct{}
+	starts       *starts
 
 	lifeMu  sync.Mutex
 	started bool
@@ -211,6 +214,7 @@ func New(cfg Config, deps Deps) (*Driver, error) {
 	if d.now == nil {
 		d.now = time.Now
 	}
+	d.starts = newStarts(d.now)
 	if d.log == nil {
 		d.log = slog.Default()
 	}
@@ -241,6 +245,14 @@ func New(cfg Config, deps Deps) (*Driver, error) {
 			return nil, fmt.Errorf("scaledriver: cluster %s: %w", cfg.Cluster, err)
 		}
 		d.synced = append(d.synced, inf.HasSynced, reg.HasSynced)
+	}
+	// The start breakdown's own handlers: they stamp changes as they arrive, not at the
+	// next pass.
+	if _, err := d.factory.Core().V1().Pods().Informer().AddEventHandler(d.starts.podHandler()); err != nil {
+		return nil, fmt.Errorf("scaledriver: cluster %s: %w", cfg.Cluster, err)
+	}
+	if _, err := d.factory.Core().V1().Nodes().Informer().AddEventHandler(d.starts.nodeHandler()); err != nil {
+		return nil, fmt.Errorf("scaledriver: cluster %s: %w", cfg.Cluster, err)
 	}
 	d.pods = d.factory.Core().V1().Pods().Lister()
 	d.nodeLister = d.factory.Core().V1().Nodes().Lister()

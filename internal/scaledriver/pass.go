@@ -39,6 +39,7 @@ func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
 	for _, j := range joined {
 		d.joined(ctx, j)
 	}
+	d.recordStarts(ctx)
 	d.reportNetwork(ctx, o.Nodes)
 	d.reportAccelerator(ctx)
 	dec, err := scale.Decide(o)
@@ -47,7 +48,7 @@ func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
 	}
 	d.metrics.decided(d.cfg.Cluster, dec)
 
-	waits, err := d.perform(ctx, dec)
+	waits, err := d.perform(ctx, dec, d.now())
 	// Waiting is known from passes that tried to boot, and over once nothing is unplaced;
 	// a pass between (idle nodes going first) keeps it.
 	if dec.Action == scale.Provision || dec.Unplaced == 0 {
@@ -234,6 +235,7 @@ func (d *Driver) fail(ctx context.Context, f failedMachine) {
 		d.log.Error("delete failed machine", "node", f.name, "err", err)
 		return
 	}
+	d.starts.forget(f.name)
 	d.metrics.nodeFailed(d.cfg.Cluster, f.reason)
 }
 
@@ -312,10 +314,10 @@ type capacityWait struct {
 	why  string // the provider's CapacityError reason
 }
 
-// perform carries dec out. Provider calls run concurrently, CreateParallelism at a time.
-// A node the host has no room for now is no failure: it is returned, to be reported and
-// tried again next pass.
-func (d *Driver) perform(ctx context.Context, dec scale.Decision) ([]capacityWait, error) {
+// perform carries dec out, decided at decided. Provider calls run concurrently,
+// CreateParallelism at a time. A node the host has no room for now is no failure: it is
+// returned, to be reported and tried again next pass.
+func (d *Driver) perform(ctx context.Context, dec scale.Decision, decided time.Time) ([]capacityWait, error) {
 	switch dec.Action {
 	case scale.Provision:
 		var (
@@ -327,7 +329,7 @@ func (d *Driver) perform(ctx context.Context, dec scale.Decision) ([]capacityWai
 			if i < len(dec.New) {
 				n = dec.New[i]
 			}
-			err := d.create(ctx, n.Size)
+			err := d.create(ctx, n.Size, decided)
 			var ce *nodes.CapacityError
 			if errors.As(err, &ce) {
 				d.log.Debug("node waits for host capacity", "size", n.Size.String(), "reason", ce.Reason)
@@ -372,7 +374,7 @@ func (d *Driver) parallel(n int, f func(i int) error) error {
 	return errors.Join(errs...)
 }
 
-func (d *Driver) create(ctx context.Context, size scale.NodeSize) error {
+func (d *Driver) create(ctx context.Context, size scale.NodeSize, decided time.Time) error {
 	// A fresh name per attempt: a failed boot's name is never reused.
 	name, err := nodes.NewNodeName(d.cfg.Cluster)
 	if err != nil {
@@ -386,6 +388,8 @@ func (d *Driver) create(ctx context.Context, size scale.NodeSize) error {
 	if err != nil {
 		return fmt.Errorf("create node %s: %w", name, err)
 	}
+	n, _ := d.nodeLister.Get(name) // a provider may register the Node within Create
+	d.starts.booted(name, decided, d.now(), n)
 	return nil
 }
 
@@ -440,6 +444,7 @@ func (d *Driver) remove(ctx context.Context, name string) error {
 		uncordon()
 		return fmt.Errorf("delete machine %s: %w", name, err)
 	}
+	d.starts.forget(name)
 	if !nodeGone {
 		err := d.tenant.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {

@@ -64,6 +64,7 @@ type metrics struct {
 	nodeFails *prometheus.CounterVec
 	unfit     *prometheus.GaugeVec
 	waits     *prometheus.CounterVec
+	starts    *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -97,6 +98,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "socialweb_scale_host_capacity_waits_total",
 			Help: "Node boots put off because the host lacked the memory or disk for them; they are tried again on later passes.",
 		}, []string{"cluster"}),
+		starts: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "socialweb_node_start_phase_seconds",
+			Help: "Where a node this daemon booted spent its start, by phase: each phase's own duration (not cumulative); " +
+				"together they are its first Pod's creation to that Pod's last container started. " +
+				"decision: Pod created to the scale decision; vmm: decision to the VMM started; " +
+				"kernel: guest kernel to the agent (PID 1); agent: the agent's boot steps; " +
+				"registered: the rest until the Node registered (VMM before the kernel, kubelet TLS bootstrap); " +
+				"ready: registered to Node Ready; image: the kubelet pulling the Pod's images, waiting included; " +
+				"container: the rest until its last container started (scheduling, sandbox, network, start).",
+			Buckets: prometheus.ExponentialBucketsRange(0.1, 600, 14), // 0.1s .. 10min
+		}, []string{"cluster", "phase"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -121,6 +133,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.waits, err = register(reg, m.waits); err != nil {
+		return nil, err
+	}
+	if m.starts, err = register(reg, m.starts); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -165,6 +180,11 @@ func (m *metrics) unprovisionable(cluster string, n int) {
 	m.unfit.WithLabelValues(cluster).Set(float64(n))
 }
 
+// started records one phase of a node's start.
+func (m *metrics) started(cluster, phase string, took time.Duration) {
+	m.starts.WithLabelValues(cluster, phase).Observe(took.Seconds())
+}
+
 func (m *metrics) capacityWait(cluster string) {
 	m.waits.WithLabelValues(cluster).Inc()
 }
@@ -179,4 +199,5 @@ func (m *metrics) forget(cluster string) {
 	m.nodeFails.DeletePartialMatch(l)
 	m.unfit.DeletePartialMatch(l)
 	m.waits.DeletePartialMatch(l)
+	m.starts.DeletePartialMatch(l)
 }
