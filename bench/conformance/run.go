@@ -304,7 +304,7 @@ func (d *daemon) start(ctx context.Context, nodeImage, logPath string) error {
 		"--api-port", strconv.Itoa(apiPort), "--port-range", fmt.Sprintf("%d-%d", port, port),
 		// Bridges of their own, away from the integration tests' 1-150 and the other
 		// benches' 180-189.
-		"--network-range", "200-209", "--metrics-address", "")
+		"--network-range", "170-179", "--metrics-address", "")
 	d.cmd.Stdout, d.cmd.Stderr = lf, lf
 	// Its own process group: a Ctrl-C stops it through teardown, after the cluster.
 	// Pdeathsig: should this process be killed outright, the daemon stops too (its VMs
