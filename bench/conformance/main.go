@@ -17,16 +17,15 @@
 //
 // Modes:
 //
-//	-mode api     no nodes (--max-nodes 0): the [sig-api-machinery] conformance tests
-//	              that need no running Pod
+//	-mode api     a cluster at zero nodes: the [sig-api-machinery] conformance tests; the
+//	              ones that run a Pod get up to -nodes nodes booted for them
 //	-mode nodes   -nodes N nodes booted first and kept up by a placeholder Deployment of
 //	              N pause Pods with required hostname anti-affinity: [sig-network] and
 //	              [sig-node] conformance
 //	-focus REGEX  replaces the mode's focus (e.g. 'DNS|Services'); the label filter
 //	              (Conformance, not Serial, Slow or Disruptive) and the skips still apply
 //
-// Tests that need an image not built here, or (api mode) a node, are skipped with the
-// reason (missingImages, nodeTests). The daemon is always stopped and `socialweb down`
+// Tests that need an image not built here are skipped with the reason (missingImages). The daemon is always stopped and `socialweb down`
 // run on the state dir at the end, also on failure and on SIGINT/SIGTERM.
 //
 //	go run ./bench/conformance -bin bin/socialweb -image DIR [-mode api|nodes] [-focus RE] [-nodes 2]

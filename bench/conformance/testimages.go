@@ -179,16 +179,3 @@ func buildImages(ctx context.Context, specs []images.DebianSpec, withOwn bool, o
 	}
 	return out, nil
 }
-
-// nodeTests are the [sig-api-machinery] conformance tests that need a Pod to run (a
-// webhook or aggregated apiserver served from a Pod, a Pod's logs or exec): -mode api
-// has no nodes, so they are skipped there and belong to a run with nodes.
-func nodeTests() []string {
-	return []string{
-		`\[sig-api-machinery\] AdmissionWebhook`,
-		`\[sig-api-machinery\] CustomResourceConversionWebhook`,
-		`\[sig-api-machinery\] Aggregator`,
-		// Waits for its Pod to run before deleting the namespace.
-		`\[sig-api-machinery\] OrderedNamespaceDeletion`,
-	}
-}
