@@ -366,12 +366,19 @@ func (f *failureLog) summary() string {
 }
 
 // running reports whether pid is a live process: not gone and not a zombie (a VM whose
-// daemon died is reparented to PID 1, which may reap it late).
+// daemon died is reparented to PID 1, which may reap it late). A zombie whose other
+// threads still run is live: its leader has exited, but the threads still hold its
+// sockets (a killed control plane's port was still in use while it looked like that).
 func running(pid int) bool {
-	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	dir := filepath.Join("/proc", strconv.Itoa(pid))
+	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
 	if err != nil {
 		return false
 	}
 	i := bytes.LastIndexByte(stat, ')')
-	return i < 0 || len(stat) <= i+2 || stat[i+2] != 'Z'
+	if i < 0 || len(stat) <= i+2 || stat[i+2] != 'Z' {
+		return true
+	}
+	tasks, err := os.ReadDir(filepath.Join(dir, "task"))
+	return err == nil && len(tasks) > 1
 }
