@@ -50,6 +50,7 @@ func CRD() *apiextensionsv1.CustomResourceDefinition {
 			"nodeDisk":      quantity("container-storage disk of the smallest worker, e.g. 10Gi"),
 			"maxNodeDisk":   quantity("container-storage disk of the largest worker, e.g. 50Gi; 0 is nodeDisk"),
 			"podsPerNode":   intRange("max pods per worker", 1, 1000),
+			"sleepAfter":    str("idle time before the control plane sleeps, e.g. 15m; 0 is never, at least 30s otherwise"),
 			"datastore":     {Type: "string", Enum: []apiextensionsv1.JSON{{Raw: []byte(`"sqlite"`)}, {Raw: []byte(`"postgres"`)}}},
 		},
 		// What the CLI refuses (ValidateNodeSizes), refused for kubectl too. A field that
@@ -60,6 +61,10 @@ func CRD() *apiextensionsv1.CustomResourceDefinition {
 				Message: "maxNodeCPUs must be 0 (the same as nodeCPUs) or at least nodeCPUs",
 			},
 			sizeRule("nodeMemory"), sizeRule("maxNodeMemory"), sizeRule("nodeDisk"), sizeRule("maxNodeDisk"),
+			{
+				Rule:    "!has(self.sleepAfter) || duration(self.sleepAfter) == duration('0s') || duration(self.sleepAfter) >= duration('30s')",
+				Message: "sleepAfter must be 0 (never) or at least 30s",
+			},
 			rangeRule("nodeMemory", "maxNodeMemory"), rangeRule("nodeDisk", "maxNodeDisk"),
 		},
 	}
@@ -83,6 +88,7 @@ func CRD() *apiextensionsv1.CustomResourceDefinition {
 					{Name: "Phase", Type: "string", JSONPath: ".status.phase"},
 					{Name: "URL", Type: "string", JSONPath: ".status.url"},
 					{Name: "Nodes", Type: "integer", JSONPath: ".status.nodes"},
+					{Name: "Asleep-Since", Type: "date", JSONPath: ".status.asleepSince", Priority: 1},
 					{Name: "Age", Type: "date", JSONPath: ".metadata.creationTimestamp"},
 				},
 				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{

@@ -47,6 +47,10 @@ func TestCRDRules(t *testing.T) {
 		{"memory below", map[string]any{"nodeMemory": "4Gi", "maxNodeMemory": "2Gi"}, "maxNodeMemory must be 0 (the same as nodeMemory) or at least nodeMemory"},
 		{"disk below", map[string]any{"nodeDisk": "20Gi", "maxNodeDisk": "10G"}, "maxNodeDisk must be 0 (the same as nodeDisk) or at least nodeDisk"},
 		{"negative memory", map[string]any{"nodeMemory": "-1Gi"}, "nodeMemory must not be negative"},
+		{"sleep never", map[string]any{"sleepAfter": "0s"}, ""},
+		{"sleep after 30s", map[string]any{"sleepAfter": "30s"}, ""},
+		{"sleep after 15m", map[string]any{"sleepAfter": "15m0s"}, ""},
+		{"sleep too soon", map[string]any{"sleepAfter": "10s"}, "sleepAfter must be 0 (never) or at least 30s"},
 		{"negative disk", map[string]any{"maxNodeDisk": "-10Gi"}, "maxNodeDisk must not be negative"},
 	}
 	for _, tc := range tests {

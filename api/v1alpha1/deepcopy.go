@@ -13,6 +13,17 @@ func (c *Cluster) DeepCopy() *Cluster {
 	out.Spec.MaxNodeMemory = c.Spec.MaxNodeMemory.DeepCopy()
 	out.Spec.NodeDisk = c.Spec.NodeDisk.DeepCopy()
 	out.Spec.MaxNodeDisk = c.Spec.MaxNodeDisk.DeepCopy()
+	if c.Spec.SleepAfter != nil {
+		d := *c.Spec.SleepAfter
+		out.Spec.SleepAfter = &d
+	}
+	if c.Status.AsleepSince != nil {
+		t := c.Status.AsleepSince.DeepCopy()
+		out.Status.AsleepSince = t
+	}
+	if c.Status.NextWake != nil {
+		out.Status.NextWake = c.Status.NextWake.DeepCopy()
+	}
 	if c.Status.LastScaleDecision != nil {
 		d := *c.Status.LastScaleDecision
 		out.Status.LastScaleDecision = &d

@@ -3,6 +3,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -37,6 +39,9 @@ const (
 	PhaseReady        Phase = "Ready"
 	PhaseUnavailable  Phase = "Unavailable"
 	PhaseDraining     Phase = "Draining"
+	// PhaseAsleep: the control-plane process is stopped (its datastore, lease and port
+	// kept) and the daemon listens on its port; the first connection wakes it.
+	PhaseAsleep Phase = "Asleep"
 )
 
 // Condition types on a Cluster.
@@ -59,7 +64,14 @@ const (
 	// size the cluster may boot and the host has room for it; False (PodsExceedNodeSize,
 	// or WaitingForHostCapacity) names the Pods that get none yet, and why.
 	ConditionPodsProvisionable = "PodsProvisionable"
+	// ConditionWake is about the last wake from Asleep: True when the control plane
+	// answered, False (WakeFailed) with the reason when it did not in time.
+	ConditionWake = "Wake"
 )
+
+// MinSleepAfter is the shortest sleepAfter other than 0 (never): a shorter idle time
+// would put a cluster to sleep between the requests of one kubectl session.
+const MinSleepAfter = 30 * time.Second
 
 // Cluster is a tenant Kubernetes cluster.
 type Cluster struct {
@@ -97,6 +109,10 @@ type ClusterSpec struct {
 	// Datastore names the kind of datastore ("sqlite" or "postgres"); the
 	// daemon's configuration says where it is.
 	Datastore string `json:"datastore,omitempty"`
+	// SleepAfter is how long the cluster may be idle (no API request from outside
+	// socialweb, no node, none wanted, no CronJob due soon) before its control plane
+	// sleeps; 0 is never, and unset takes the daemon's --default-sleep-after.
+	SleepAfter *metav1.Duration `json:"sleepAfter,omitempty"`
 }
 
 // ClusterStatus is what the daemon observed and did.
@@ -116,6 +132,10 @@ type ClusterStatus struct {
 	Nodes int32 `json:"nodes"`
 	// LastScaleDecision is the last decision that changed something.
 	LastScaleDecision *ScaleDecision `json:"lastScaleDecision,omitempty"`
+	// AsleepSince is when the control plane went to sleep; set only while Asleep.
+	AsleepSince *metav1.Time `json:"asleepSince,omitempty"`
+	// NextWake is when a sleeping cluster wakes by itself, ahead of its next CronJob.
+	NextWake *metav1.Time `json:"nextWake,omitempty"`
 	// Restarts counts control-plane process restarts since the daemon started.
 	Restarts           int32              `json:"restarts,omitempty"`
 	ObservedGeneration int64              `json:"observedGeneration,omitempty"`

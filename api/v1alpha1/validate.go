@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -69,4 +70,13 @@ func ValidateNodeSizes(s ClusterSpec, name func(field string) string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ValidateSleepAfter says what is wrong with an idle time before sleep and what would be
+// accepted: 0 (never) or at least MinSleepAfter. flag names it in the message.
+func ValidateSleepAfter(flag string, d time.Duration) error {
+	if d == 0 || d >= MinSleepAfter {
+		return nil
+	}
+	return fmt.Errorf("%s %s: want 0 (never sleep) or %s or more, e.g. 15m", flag, d, MinSleepAfter)
 }

@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -61,6 +62,21 @@ func TestValidateNodeSizes(t *testing.T) {
 		err := ValidateNodeSizes(tt.spec, tt.names)
 		if (err == nil) != (tt.wantErr == "") || err != nil && !strings.Contains(err.Error(), tt.wantErr) {
 			t.Errorf("%s: %v, want %q", tt.name, err, tt.wantErr)
+		}
+	}
+}
+
+func TestValidateSleepAfter(t *testing.T) {
+	for _, tc := range []struct {
+		d  time.Duration
+		ok bool
+	}{{0, true}, {30 * time.Second, true}, {time.Hour, true}, {29 * time.Second, false}, {time.Millisecond, false}, {-time.Minute, false}} {
+		err := ValidateSleepAfter("--sleep-after", tc.d)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: %v, want ok=%v", tc.d, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "want 0 (never sleep) or 30s or more") {
+			t.Errorf("%s: %q does not say what is accepted", tc.d, err)
 		}
 	}
 }

@@ -25,6 +25,7 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 		hold        time.Duration
 		sizes       nodeSizeFlags
 		podsPerNode int32
+		sleepAfter  time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "create NAME",
@@ -56,6 +57,12 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 					return usageError{errf("--pods-per-node %d: want 1 or more", podsPerNode)}
 				}
 				c.Spec.PodsPerNode = podsPerNode
+			}
+			if f.Changed("sleep-after") {
+				if err := v1.ValidateSleepAfter("--sleep-after", sleepAfter); err != nil {
+					return usageError{err}
+				}
+				c.Spec.SleepAfter = &metav1.Duration{Duration: sleepAfter}
 			}
 			ctx := cmd.Context()
 			m, err := g.connect(ctx)
@@ -105,6 +112,7 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&sizes.disk, "node-disk", "", "container-storage disk of the smallest worker node, e.g. 10Gi (default: the daemon's --default-node-disk)")
 	f.StringVar(&sizes.maxDisk, "max-node-disk", "", "container-storage disk of the largest worker node, for Pods that request ephemeral storage, e.g. 50Gi (default: the daemon's --default-max-node-disk)")
 	f.Int32Var(&podsPerNode, "pods-per-node", 0, "max pods per worker node (default: the daemon's --default-pods-per-node)")
+	f.DurationVar(&sleepAfter, "sleep-after", 0, "idle time before the control plane sleeps (it wakes on the first connection); 0 is never, else at least 30s (default: the daemon's --default-sleep-after)")
 	documentEnv(f)
 	return cmd
 }

@@ -84,6 +84,7 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&disk, "default-node-disk", "10Gi", "container-storage disk of the smallest worker node (a sparse file: host disk is used as it fills), for a cluster that does not say; 0 gives nodes none")
 	f.StringVar(&maxDisk, "default-max-node-disk", "0", "container-storage disk of the largest worker node, for Pods that request ephemeral storage, for a cluster that does not say; 0 is --default-node-disk")
 	f.Int32Var(&o.Defaults.PodsPerNode, "default-pods-per-node", 110, "max pods per worker node, for a cluster that does not say")
+	f.DurationVar(&o.Defaults.SleepAfter, "default-sleep-after", 0, "idle time (no API request from outside socialweb, no node, none wanted, no CronJob due) before a cluster's control plane sleeps, for a cluster that does not say; 0 is never, else at least 30s")
 	f.StringVar(&gogc, "controlplane-gogc", "50", `GOGC of each control-plane process ("" leaves Go's default): lower trades CPU for memory`)
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	documentEnv(f)

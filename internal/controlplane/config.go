@@ -50,6 +50,10 @@ type Config struct {
 	// the same binary (see seed.go): a fresh datastore is seeded from there,
 	// or its first control plane captures the seed.
 	SeedDir string `json:"seedDir,omitempty"`
+	// ListenFD, if not 0, is an inherited socket already listening on 127.0.0.1:Port:
+	// the daemon keeps it open across the cluster's sleeps, so the port never stops
+	// accepting. Given on the command line, never stored.
+	ListenFD int `json:"-"`
 }
 
 // Has reports whether the config runs a component.

@@ -3,8 +3,10 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -25,8 +27,8 @@ type dualListener struct {
 	once     sync.Once
 }
 
-func listenDual(port int, gateway string, log *slog.Logger) (*dualListener, error) {
-	lb, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+func listenDual(port, fd int, gateway string, log *slog.Logger) (*dualListener, error) {
+	lb, err := listenLoopback(port, fd)
 	if err != nil {
 		return nil, err
 	}
@@ -100,3 +102,21 @@ func (l *dualListener) Close() error {
 
 // Addr is the loopback address: the port is what matters to the apiserver.
 func (l *dualListener) Addr() net.Addr { return l.loopback.Addr() }
+
+// listenLoopback binds 127.0.0.1:port, or takes the inherited socket fd, which
+// the daemon bound to that address.
+func listenLoopback(port, fd int) (net.Listener, error) {
+	if fd == 0 {
+		return net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	}
+	f := os.NewFile(uintptr(fd), "apiserver-listener")
+	if f == nil {
+		return nil, fmt.Errorf("inherited listener fd %d is not open", fd)
+	}
+	defer f.Close() // FileListener holds its own copy
+	l, err := net.FileListener(f)
+	if err != nil {
+		return nil, fmt.Errorf("inherited listener fd %d: %w", fd, err)
+	}
+	return l, nil
+}

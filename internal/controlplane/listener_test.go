@@ -18,7 +18,7 @@ func TestDualListenerServesLoopbackAndLaterGateway(t *testing.T) {
 	}
 	port := probe.Addr().(*net.TCPAddr).Port
 	probe.Close()
-	l, err := listenDual(port, "127.0.0.2", slog.New(slog.DiscardHandler))
+	l, err := listenDual(port, 0, "127.0.0.2", slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

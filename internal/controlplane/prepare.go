@@ -10,7 +10,7 @@ import (
 
 // clients are the identities a control plane issues certificates for.
 func clients() []pki.Identity {
-	return []pki.Identity{pki.Admin, pki.ControllerManager, pki.Scheduler, pki.KubeletClient}
+	return []pki.Identity{pki.Admin, pki.ControllerManager, pki.Scheduler, pki.KubeletClient, pki.Daemon}
 }
 
 // Prepare lays down everything Run needs in c.Dir: the PKI (kept if present),
@@ -34,7 +34,7 @@ func Prepare(c Config, extraIPs ...net.IP) error {
 	if err != nil {
 		return fmt.Errorf("preparing PKI for %s: %w", c.Name, err)
 	}
-	for _, id := range []pki.Identity{pki.Admin, pki.ControllerManager, pki.Scheduler} {
+	for _, id := range []pki.Identity{pki.Admin, pki.ControllerManager, pki.Scheduler, pki.Daemon} {
 		if err := pki.WriteKubeconfig(c.Kubeconfig(id), p, id, c.Name, c.URL()); err != nil {
 			return fmt.Errorf("writing %s kubeconfig for %s: %w", id.Name, c.Name, err)
 		}

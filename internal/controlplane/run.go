@@ -14,6 +14,8 @@ import (
 	"github.com/k3s-io/kine/pkg/endpoint"
 	"github.com/socialweb-computer/socialweb/internal/pki"
 	"github.com/spf13/pflag"
+	genericapiserver "k8s.io/apiserver/pkg/server"
+	"k8s.io/client-go/tools/cache"
 	cliflag "k8s.io/component-base/cli/flag"
 	basecompatibility "k8s.io/component-base/compatibility"
 	logsapi "k8s.io/component-base/logs/api/v1"
@@ -156,7 +158,7 @@ func runAPIServer(ctx context.Context, c Config, log *slog.Logger) error {
 	if c.Tenant {
 		gateway = c.AdvertiseAddress
 	}
-	l, err := listenDual(c.Port, gateway, log)
+	l, err := listenDual(c.Port, c.ListenFD, gateway, log)
 	if err != nil {
 		return fmt.Errorf("listening on port %d: %w", c.Port, err)
 	}
@@ -175,7 +177,44 @@ func runAPIServer(ctx context.Context, c Config, log *slog.Logger) error {
 	if errs := completed.Validate(); len(errs) != 0 {
 		return errors.Join(errs...)
 	}
-	return apiserverapp.Run(ctx, completed)
+	if !c.Tenant {
+		return apiserverapp.Run(ctx, completed)
+	}
+	return runTracked(ctx, completed, c.Dir)
+}
+
+// runTracked is apiserverapp.Run with the activity filter (activity.go) around
+// the API handler, inside authentication, so it knows who asked.
+func runTracked(ctx context.Context, opts apiserveroptions.CompletedOptions, dir string) error {
+	if opts.InformerName == nil {
+		name, err := cache.NewInformerName("kube-apiserver")
+		if err != nil {
+			return err
+		}
+		opts.InformerName = name
+	}
+	config, err := apiserverapp.NewConfig(opts)
+	if err != nil {
+		return err
+	}
+	gc := &config.Aggregator.GenericConfig.Config
+	build := gc.BuildHandlerChainFunc
+	gc.BuildHandlerChainFunc = func(h http.Handler, c *genericapiserver.Config) http.Handler {
+		return build(trackActivity(h, dir), c)
+	}
+	completed, err := config.Complete()
+	if err != nil {
+		return err
+	}
+	server, err := apiserverapp.CreateServerChain(completed)
+	if err != nil {
+		return err
+	}
+	prepared, err := server.PrepareRun()
+	if err != nil {
+		return err
+	}
+	return prepared.Run(ctx)
 }
 
 func runControllerManager(ctx context.Context, c Config) error {

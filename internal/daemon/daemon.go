@@ -142,6 +142,9 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	if err := validateSizeDefaults(o.Defaults); err != nil {
 		return v, err
 	}
+	if err := v1.ValidateSleepAfter("--default-sleep-after", o.Defaults.SleepAfter); err != nil {
+		return v, err
+	}
 	if err := frontdoor.ValidateDomain(o.FrontDoorDomain); err != nil {
 		return v, fmt.Errorf("--front-door-domain %w", err)
 	}
@@ -303,6 +306,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		FrontDoor:    door,
 	}, log.With("component", "provider"), dyn, kube, v.store, sup)
 	reg.MustRegister(prov.Collector())
+	reg.MustRegister(prov.SleepCollectors()...)
 	if door != nil {
 		go func() {
 			if err := door.Serve(ctx, doorListener); err != nil {

@@ -46,7 +46,7 @@ type Cluster struct {
 // lease and its dir (provider.ClusterDir: the tenant's admin kubeconfig and
 // CAs, written when the control plane was prepared).
 func ClusterFrom(c *v1.Cluster, l lease.Lease, dir string) (Cluster, error) {
-	restCfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, pki.Admin.Name+".kubeconfig"))
+	restCfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, pki.Daemon.Name+".kubeconfig"))
 	if err != nil {
 		return Cluster{}, fmt.Errorf("tenant credentials of %s: %w", c.Name, err)
 	}

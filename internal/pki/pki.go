@@ -39,6 +39,10 @@ var (
 	ControllerManager = Identity{Name: "controller-manager", CommonName: "system:kube-controller-manager"}
 	Scheduler         = Identity{Name: "scheduler", CommonName: "system:kube-scheduler"}
 	KubeletClient     = Identity{Name: "kubelet-client", CommonName: "kube-apiserver-kubelet-client", Organizations: []string{"system:masters"}}
+	// Daemon is the daemon's own clients of a tenant (informers, scale driver, CCM):
+	// an admin like Admin, but a user of its own, so the tenant can tell its requests
+	// from a person's (a cluster that only the daemon talks to is idle).
+	Daemon = Identity{Name: "daemon", CommonName: "socialweb-daemon", Organizations: []string{"system:masters"}}
 )
 
 // Identity is a client certificate's subject and the file name it is kept under.

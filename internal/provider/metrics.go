@@ -37,7 +37,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		return
 	}
-	phases := map[v1.Phase]int{v1.PhaseInitializing: 0, v1.PhaseReady: 0, v1.PhaseUnavailable: 0, v1.PhaseDraining: 0}
+	phases := map[v1.Phase]int{v1.PhaseInitializing: 0, v1.PhaseReady: 0, v1.PhaseUnavailable: 0, v1.PhaseDraining: 0, v1.PhaseAsleep: 0}
 	for _, o := range objs {
 		cl, err := v1.FromUnstructured(o.(*unstructured.Unstructured))
 		if err != nil {

@@ -17,11 +17,15 @@ import (
 type Op string
 
 const (
-	OpAddFinalizer    Op = "AddFinalizer"
-	OpLease           Op = "Lease"
-	OpProvision       Op = "Provision" // datastore, PKI, config, admin kubeconfig
-	OpStart           Op = "Start"
-	OpStop            Op = "Stop"
+	OpAddFinalizer Op = "AddFinalizer"
+	OpLease        Op = "Lease"
+	OpProvision    Op = "Provision" // datastore, PKI, config, admin kubeconfig
+	OpStart        Op = "Start"
+	OpStop         Op = "Stop"
+	// OpSleep stops the node services and the control-plane process, keeping data,
+	// lease and port, and makes the daemon accept on the port so the first
+	// connection wakes the cluster.
+	OpSleep           Op = "Sleep"
 	OpRemoveData      Op = "RemoveData"
 	OpReleaseLease    Op = "ReleaseLease"
 	OpRemoveFinalizer Op = "RemoveFinalizer"
@@ -41,7 +45,18 @@ type Observed struct {
 	// WasReady: the cluster answered before, so a failing probe is an
 	// outage (Unavailable), not a start (Initializing).
 	WasReady bool
-	Now      time.Time
+	// Asleep: the cluster went to sleep and nothing has woken it since; its
+	// control plane stays stopped.
+	Asleep bool
+	// Gated: the daemon accepts on the cluster's port for it, or holds a
+	// connection that woke it.
+	Gated bool
+	// Woke: the last wake ended with the apiserver answering (WakeMsg says how
+	// fast); WakeErr: it did not come up in time, and why.
+	Woke    bool
+	WakeMsg string
+	WakeErr string
+	Now     time.Time
 }
 
 // ProcessState is the supervisor's view of the control-plane process.
@@ -101,6 +116,15 @@ func Decide(o Observed) Plan {
 		return p
 	}
 	switch {
+	case o.WakeErr != "":
+		p.cond(v1.ConditionWake, false, "WakeFailed", o.WakeErr, o.Now)
+	case o.Woke:
+		p.cond(v1.ConditionWake, true, "Woke", o.WakeMsg, o.Now)
+	}
+	if o.Asleep {
+		return asleep(o, p)
+	}
+	switch {
 	case !o.Process.Supervised:
 		p.cond(v1.ConditionRunning, false, "NotStarted", "starting the control-plane process", o.Now)
 		p.Ops = append(p.Ops, OpStart)
@@ -129,6 +153,20 @@ func Decide(o Observed) Plan {
 			msg += ": " + o.Probe.Err
 		}
 		p.cond(v1.ConditionReady, false, "Starting", msg, o.Now)
+	}
+	return p
+}
+
+// asleep keeps a sleeping cluster's control plane stopped and its port
+// accepting: after it went to sleep, and after a daemon restart, which starts
+// no sleeping control plane.
+func asleep(o Observed, p Plan) Plan {
+	p.Phase = v1.PhaseAsleep
+	const msg = "the control plane sleeps; the first connection to its port (or through the front door) wakes it"
+	p.cond(v1.ConditionRunning, false, "Asleep", msg, o.Now)
+	p.cond(v1.ConditionReady, false, "Asleep", msg, o.Now)
+	if o.Process.Supervised || !o.Gated {
+		p.Ops = append(p.Ops, OpSleep)
 	}
 	return p
 }

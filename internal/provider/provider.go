@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -35,6 +36,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodeservice"
 	"github.com/socialweb-computer/socialweb/internal/pki"
+	"github.com/socialweb-computer/socialweb/internal/sleep"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
 )
 
@@ -52,6 +54,9 @@ type Defaults struct {
 	NodeDisk      resource.Quantity
 	MaxNodeDisk   resource.Quantity
 	PodsPerNode   int32
+	// SleepAfter is the idle time before a cluster's control plane sleeps, for a
+	// cluster that does not say; 0 is never.
+	SleepAfter time.Duration
 }
 
 // Config is what the provider needs from the daemon.
@@ -108,6 +113,10 @@ type Provider struct {
 	// SNI name on the serving certificate, kubeconfigs that name the door)
 	// reaches existing clusters too. Under failMu.
 	prepared map[string]bool
+	// sleepers is the sleep state of clusters that may sleep (sleep.go).
+	sleepMu      sync.Mutex
+	sleepers     map[string]*sleeper
+	sleepMetrics *sleep.Metrics
 }
 
 type probe struct {
@@ -133,6 +142,9 @@ func New(cfg Config, log *slog.Logger, dyn dynamic.Interface, kube kubernetes.In
 		probing:  map[string]bool{},
 		failures: map[string]map[Op]error{},
 		prepared: map[string]bool{},
+		sleepers: map[string]*sleeper{},
+
+		sleepMetrics: sleep.NewMetrics(),
 	}
 }
 
@@ -164,6 +176,7 @@ func (p *Provider) Run(ctx context.Context) error {
 		return fmt.Errorf("cluster informer did not sync")
 	}
 	go p.probeLoop(ctx)
+	go p.sleepLoop(ctx)
 	go func() {
 		<-ctx.Done()
 		p.queue.ShutDown()
@@ -241,6 +254,9 @@ func (p *Provider) reconcile(ctx context.Context, name string) (time.Duration, e
 	if err := p.writeStatus(ctx, c, obs, plan); err != nil {
 		return 0, err
 	}
+	if plan.Phase == v1.PhaseReady && p.awake(c.Name) {
+		p.queue.Add(c.Name) // the Wake condition
+	}
 	if plan.Phase == v1.PhaseReady && obs.Lease != nil {
 		if err := p.startNodeServices(ctx, c, *obs.Lease); err != nil {
 			p.log.Error("starting node services", "cluster", c.Name, "err", err)
@@ -289,6 +305,7 @@ func (p *Provider) observe(ctx context.Context, c *v1.Cluster) (Observed, error)
 		o.Probe = pr.state
 	}
 	p.probeMu.Unlock()
+	p.observeSleep(c, &o)
 	return o, nil
 }
 
@@ -337,9 +354,16 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 			}
 			// The bridge is made before every start, not only at provision:
 			// a host reboot loses it while the cluster's files remain.
-			if err = p.ensureNetwork(ctx, c.Name, *obs.Lease); err == nil {
-				p.start(c)
+			if err = p.ensureNetwork(ctx, c.Name, *obs.Lease); err != nil {
+				break
 			}
+			// A cluster that may sleep starts on the port the daemon holds.
+			var g *sleep.Gate
+			if g, err = p.gateFor(c, *obs.Lease); err == nil {
+				p.start(c, g)
+			}
+		case OpSleep:
+			err = p.goToSleep(ctx, c, *obs.Lease)
 		case OpStop:
 			// Machines go before the control plane they report to.
 			if err = p.stopNodeServices(ctx, c.Name); err != nil {
@@ -350,6 +374,7 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 		case OpRemoveData:
 			err = p.removeData(ctx, c)
 		case OpReleaseLease:
+			p.forgetSleeper(c.Name) // the held port goes with the lease
 			err = p.leases.Release(ctx, c.Name)
 		case OpRemoveFinalizer:
 			err = p.removeFinalizer(ctx, c)
@@ -357,6 +382,7 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 				p.fail(c.Name, OpLease, nil)
 				p.fail(c.Name, OpProvision, nil)
 				p.setPrepared(c.Name, false)
+				p.forgetSleeper(c.Name)
 				if p.cfg.FrontDoor != nil {
 					p.cfg.FrontDoor.Forget(c.Name)
 				}
@@ -385,6 +411,9 @@ func (p *Provider) addFinalizerAndDefaults(ctx context.Context, c *v1.Cluster) (
 	applySizeDefaults(s, d)
 	if s.PodsPerNode == 0 {
 		s.PodsPerNode = d.PodsPerNode
+	}
+	if s.SleepAfter == nil && d.SleepAfter > 0 {
+		s.SleepAfter = &metav1.Duration{Duration: d.SleepAfter}
 	}
 	if s.Datastore == "" {
 		s.Datastore = p.store.Kind()
@@ -557,17 +586,27 @@ func (p *Provider) writeAdminSecret(ctx context.Context, c *v1.Cluster, kubeconf
 	return err
 }
 
-func (p *Provider) start(c *v1.Cluster) {
+// start supervises the cluster's control plane; with a gate, its apiserver
+// accepts on the socket the daemon holds (fd 3) instead of binding the port.
+func (p *Provider) start(c *v1.Cluster, g *sleep.Gate) {
 	dir := ClusterDir(p.cfg.StateDir, c.Name)
-	p.sup.Start(supervisor.Spec{
+	spec := supervisor.Spec{
 		Name:       ProcessName(c.Name),
 		Path:       p.cfg.Executable,
 		Args:       []string{"controlplane", "--config", filepath.Join(dir, controlplane.ConfigFile)},
 		Env:        p.cfg.Env,
 		LogPath:    filepath.Join(dir, "controlplane.log"),
 		RecordPath: filepath.Join(dir, "instance.json"),
-	})
+	}
+	if g != nil {
+		spec.Args = append(spec.Args, "--listen-fd", "3")
+		spec.ExtraFiles = []*os.File{g.File()}
+	}
+	p.sup.Start(spec)
 }
+
+// SleepCollectors are the sleep and wake metrics.
+func (p *Provider) SleepCollectors() []prometheus.Collector { return p.sleepMetrics.Collectors() }
 
 // OrphanLister is implemented by a Networks that can list what it made
 // (nodenet.Manager).
@@ -666,6 +705,19 @@ func (p *Provider) writeStatus(ctx context.Context, c *v1.Cluster, obs Observed,
 			want.NodeCIDR = net.NodeCIDR.String()
 			want.PodCIDR = net.PodCIDR.String()
 			want.ServiceCIDR = net.ServiceCIDR.String()
+		}
+	}
+	want.AsleepSince, want.NextWake = nil, nil
+	if plan.Phase == v1.PhaseAsleep {
+		want.AsleepSince = c.Status.AsleepSince
+		if want.AsleepSince == nil {
+			t := metav1.NewTime(obs.Now)
+			want.AsleepSince = &t
+		}
+		want.NextWake = p.nextWake(c.Name)
+		// The stored time went through JSON: the same instant is no change.
+		if old := c.Status.NextWake; old != nil && want.NextWake != nil && old.Unix() == want.NextWake.Unix() {
+			want.NextWake = old
 		}
 	}
 	want.Conditions = slices.Clone(c.Status.Conditions)

@@ -19,6 +19,9 @@ type Spec struct {
 	Env        []string
 	LogPath    string // stdout and stderr are appended here
 	RecordPath string // the instance record (pid + start time + cmdline)
+	// ExtraFiles are inherited by the process as fds 3, 4, ...: a listening socket
+	// the daemon keeps open across the process's runs. The caller keeps them open.
+	ExtraFiles []*os.File
 }
 
 // State is what the supervisor knows about one process.
@@ -190,6 +193,7 @@ func (s *Supervisor) startOnce(p *proc) (*exec.Cmd, error) {
 	cmd := exec.CommandContext(context.Background(), p.spec.Path, p.spec.Args...)
 	cmd.Env = append(os.Environ(), p.spec.Env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.ExtraFiles = p.spec.ExtraFiles
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		// Its own process group: a terminal's Ctrl-C reaches the daemon,
 		// which stops children in order, not all at once.

@@ -1,0 +1,33 @@
+package sleep
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics count sleeps and wakes. Make them with NewMetrics and register
+// Collectors.
+type Metrics struct {
+	Sleeps prometheus.Counter
+	// Wakes is labelled by what woke the cluster (connection, cronjob) and
+	// the result (ok, failed).
+	Wakes *prometheus.CounterVec
+	// WakeSeconds is from the waking connection's arrival to the apiserver
+	// answering, when the connection is passed on.
+	WakeSeconds prometheus.Histogram
+}
+
+// NewMetrics makes the sleep and wake metrics.
+func NewMetrics() *Metrics {
+	return &Metrics{
+		Sleeps: prometheus.NewCounter(prometheus.CounterOpts{Name: "socialweb_cluster_sleeps_total", Help: "Control planes put to sleep."}),
+		Wakes:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "socialweb_cluster_wakes_total", Help: "Wakes of sleeping control planes, by cause and result."}, []string{"cause", "result"}),
+		WakeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "socialweb_cluster_wake_seconds",
+			Help:    "From the connection that woke a cluster to its apiserver answering.",
+			Buckets: []float64{0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60},
+		}),
+	}
+}
+
+// Collectors are the metrics to register.
+func (m *Metrics) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.Sleeps, m.Wakes, m.WakeSeconds}
+}

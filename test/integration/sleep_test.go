@@ -1,0 +1,131 @@
+package integration
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/livetest"
+)
+
+// TestSleepAndWake: a cluster with --sleep-after 30s and no nodes goes to
+// sleep (phase Asleep, its control-plane process gone); a list against its
+// own port wakes it and is answered; it sleeps again; a list through the front
+// door wakes it; `cluster get` does not wake it; after a daemon restart it is
+// still asleep, and clients that arrive together wake it and are all answered.
+func TestSleepAndWake(t *testing.T) {
+	const (
+		name   = "nap"
+		domain = "tenants.test"
+	)
+	door := fmt.Sprintf("127.0.0.1:%d", livetest.FreePort(t))
+	metrics := fmt.Sprintf("127.0.0.1:%d", livetest.FreePort(t))
+	d := newDaemon(t, 2, "--front-door", door, "--front-door-domain", domain, "--metrics-address", metrics)
+	d.start()
+	d.mustCLI("cluster", "create", name, "--sleep-after", "30s", "--wait")
+	if c := d.cluster(name); c.Spec.SleepAfter == nil || c.Spec.SleepAfter.Duration != 30*time.Second {
+		t.Fatalf("spec.sleepAfter = %v, want 30s", c.Spec.SleepAfter)
+	}
+	config := filepath.Join(d.stateDir, "clusters", name, "controlplane.json")
+
+	viaDoor, _ := d.tenant(name) // the kubeconfig names the door when there is one
+	own := rest.CopyConfig(viaDoor)
+	own.Host, own.TLSClientConfig.ServerName = d.cluster(name).Status.URL, ""
+
+	asleep := func(when string) {
+		t.Helper()
+		c := d.waitPhase(name, v1.PhaseAsleep, 3*time.Minute)
+		if c.Status.AsleepSince == nil {
+			t.Errorf("%s: Asleep without status.asleepSince", when)
+		}
+		// The process stops after the phase is written: give it its grace.
+		deadline := time.Now().Add(15 * time.Second)
+		for len(processesMentioning(config)) > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: Asleep, but its control plane still runs: %v", when, processesMentioning(config))
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	wake := func(how string, cfg *rest.Config) {
+		t.Helper()
+		start := time.Now()
+		pods, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("").List(ctxT(t, time.Minute), metav1.ListOptions{})
+		if err != nil {
+			t.Fatalf("listing pods of the sleeping cluster %s: %v", how, err)
+		}
+		t.Logf("a list of pods %s woke the cluster and was answered (%d pods) in %s", how, len(pods.Items), time.Since(start).Round(time.Millisecond))
+		c := d.waitPhase(name, v1.PhaseReady, time.Minute)
+		if c.Status.AsleepSince != nil {
+			t.Errorf("awake with status.asleepSince %v", c.Status.AsleepSince)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for !meta.IsStatusConditionTrue(d.cluster(name).Status.Conditions, v1.ConditionWake) {
+			if time.Now().After(deadline) {
+				t.Fatalf("woken %s, the Wake condition is not True: %+v", how, meta.FindStatusCondition(d.cluster(name).Status.Conditions, v1.ConditionWake))
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+		t.Logf("Wake condition: %s", meta.FindStatusCondition(d.cluster(name).Status.Conditions, v1.ConditionWake).Message)
+	}
+
+	asleep("after 30s idle")
+	wake("on its own port", own)
+
+	asleep("idle again")
+	wake("through the front door", viaDoor)
+
+	asleep("idle once more")
+	for range 5 {
+		d.cluster(name)
+	}
+	time.Sleep(3 * time.Second)
+	if c := d.cluster(name); c.Status.Phase != v1.PhaseAsleep || len(processesMentioning(config)) > 0 {
+		t.Fatalf("`cluster get` woke the cluster: phase %s, processes %v", c.Status.Phase, processesMentioning(config))
+	}
+
+	d.stop(syscall.SIGTERM)
+	d.start()
+	time.Sleep(10 * time.Second) // a restart that started it would have by now
+	if c := d.cluster(name); c.Status.Phase != v1.PhaseAsleep || len(processesMentioning(config)) > 0 {
+		t.Fatalf("after a daemon restart: phase %s, processes %v; want it still asleep", c.Status.Phase, processesMentioning(config))
+	}
+	// Clients that arrive together: one start, every one answered.
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Go(func() {
+			start := time.Now()
+			if _, err := kubernetes.NewForConfigOrDie(own).CoreV1().Namespaces().List(ctxT(t, time.Minute), metav1.ListOptions{}); err != nil {
+				t.Errorf("client %d waking the cluster after the restart: %v", i, err)
+				return
+			}
+			t.Logf("client %d answered after the restart in %s", i, time.Since(start).Round(time.Millisecond))
+		})
+	}
+	wg.Wait()
+	d.waitPhase(name, v1.PhaseReady, time.Minute)
+
+	resp, err := http.Get("http://" + metrics + "/metrics")
+	if err != nil {
+		t.Fatalf("scraping the daemon's metrics: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`socialweb_cluster_wakes_total{cause="connection",result="ok"} 1`, "socialweb_cluster_wake_seconds_count 1"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics after the restart lack %s:\n%s", want, grepLines(string(body), "socialweb_cluster_"))
+		}
+	}
+}
