@@ -217,6 +217,13 @@ func TestTwoClustersIsolatedAndSurviveRestarts(t *testing.T) {
 			}
 			_, kA := d.tenant("alpha")
 			_, kB := d.tenant("beta")
+			// The phase read right after the restart may still be the last daemon's Ready
+			// until the first pass: wait for the tenants to answer, as a user would.
+			livetest.Eventually(t, 2*time.Minute, 500*time.Millisecond, "both tenants to answer after the restart", func() bool {
+				_, errA := kA.Discovery().ServerVersion()
+				_, errB := kB.Discovery().ServerVersion()
+				return errA == nil && errB == nil
+			})
 			if !hasConfigMap(t, kA, "from-alpha") || !hasConfigMap(t, kB, "from-beta") {
 				t.Errorf("an object was lost across a %s restart", sig)
 			}
