@@ -132,6 +132,17 @@ func (d *daemon) args() []string {
 // start runs the daemon and waits until its management API answers.
 func (d *daemon) start() {
 	d.t.Helper()
+	// A control plane of a daemon killed a moment ago may still be exiting with its
+	// listener open: its cmdline reads empty once its memory is gone, before its files
+	// are closed, so no process scan sees it. Its management port is what matters.
+	livetest.Eventually(d.t, 30*time.Second, 100*time.Millisecond, "the management API port to be free", func() bool {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(d.apiPort)))
+		if err != nil {
+			return false
+		}
+		l.Close()
+		return true
+	})
 	logf, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		d.t.Fatal(err)
