@@ -25,11 +25,15 @@ const (
 	agnhostPackage = "k8s.io/kubernetes/test/images/agnhost"
 	kubectlPackage = "k8s.io/kubernetes/cmd/kubectl"
 	nnpPackage     = "k8s.io/kubernetes/test/images/nonewprivs"
+	// ginkgoCLI runs e2e.test in parallel processes (-procs); built at the version of
+	// the ginkgo library e2e.test links, so the two speak the same protocol.
+	ginkgoModule = "github.com/onsi/ginkgo/v2"
+	ginkgoCLI    = ginkgoModule + "/ginkgo"
 )
 
 // binRecipe changes whenever goBuild builds differently, so older cached builds are not
 // reused.
-const binRecipe = 3
+const binRecipe = 4
 
 // goBuild builds the e2e suite, agnhost and kubectl with a copy of this module's
 // go.mod and go.sum (-modfile), so the repository's own files are never edited: e2e
@@ -50,6 +54,7 @@ type binaries struct {
 	Agnhost     string `json:"agnhost"`
 	Kubectl     string `json:"kubectl"`
 	NNP         string `json:"nnp"` // the nonewprivs image's program
+	Ginkgo      string `json:"ginkgo"`
 	// Seconds each took to build (when this run built them).
 	Took map[string]float64 `json:"took,omitempty"`
 }
@@ -132,6 +137,14 @@ func (b goBuild) modfile(ctx context.Context, kver, goVersion string) (string, e
 	if _, err := b.goRun(ctx, "get", "-t", "-modfile="+file, e2ePackage+"@"+kver, agnhostPackage+"@"+kver, kubectlPackage+"@"+kver); err != nil {
 		return "", err
 	}
+	// The ginkgo CLI at the version the suite requires (no @latest: that could move it).
+	gv, err := b.goRun(ctx, "list", "-modfile="+file, "-m", "-f", "{{.Version}}", ginkgoModule)
+	if err != nil {
+		return "", err
+	}
+	if _, err := b.goRun(ctx, "get", "-modfile="+file, ginkgoCLI+"@"+strings.TrimSpace(gv)); err != nil {
+		return "", err
+	}
 	if got, err := b.goRun(ctx, "list", "-modfile="+file, "-m", "-f", "{{.Version}}", "k8s.io/kubernetes"); err != nil || strings.TrimSpace(got) != kver {
 		return "", fmt.Errorf("modfile %s: go get moved k8s.io/kubernetes from %s to %q (%v)", file, kver, strings.TrimSpace(got), err)
 	}
@@ -179,7 +192,7 @@ func (b goBuild) build(ctx context.Context) (binaries, error) {
 	rec := filepath.Join(dir, "build.json")
 	res := binaries{KubeVersion: kver, GoVersion: goVersion, Key: key,
 		E2E: filepath.Join(dir, "e2e.test"), Agnhost: filepath.Join(dir, "agnhost"), Kubectl: filepath.Join(dir, "kubectl"),
-		NNP: filepath.Join(dir, "nnp")}
+		NNP: filepath.Join(dir, "nnp"), Ginkgo: filepath.Join(dir, "ginkgo")}
 	if complete(rec, res) {
 		b.log.Info("e2e binaries cached", "dir", dir, "kubernetes", kver, "go", goVersion)
 		return res, nil
@@ -211,6 +224,7 @@ func (b goBuild) build(ctx context.Context) (binaries, error) {
 		{"agnhost", []string{"build", "-modfile=" + file, "-ldflags", ldflags, "-o", filepath.Join(tmp, "agnhost"), agnhostPackage}},
 		{"kubectl", []string{"build", "-modfile=" + file, "-ldflags", ldflags, "-o", filepath.Join(tmp, "kubectl"), kubectlPackage}},
 		{"nnp", []string{"build", "-modfile=" + file, "-ldflags", ldflags, "-o", filepath.Join(tmp, "nnp"), nnpPackage}},
+		{"ginkgo", []string{"build", "-modfile=" + file, "-ldflags", "-s -w", "-o", filepath.Join(tmp, "ginkgo"), ginkgoCLI}},
 	}
 	for _, s := range steps {
 		t0 := time.Now()
@@ -247,7 +261,7 @@ func complete(rec string, res binaries) bool {
 	if err != nil || json.Unmarshal(b, &got) != nil || got.Key != res.Key {
 		return false
 	}
-	for _, p := range []string{res.E2E, res.Agnhost, res.Kubectl, res.NNP} {
+	for _, p := range []string{res.E2E, res.Agnhost, res.Kubectl, res.NNP, res.Ginkgo} {
 		if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
 			return false
 		}

@@ -111,6 +111,40 @@ func TestE2EArgs(t *testing.T) {
 	}
 }
 
+func TestSuiteCommand(t *testing.T) {
+	b := binaries{E2E: "/b/e2e.test", Ginkgo: "/b/ginkgo", Kubectl: "/k/kubectl"}
+	for _, tc := range []struct {
+		procs    int
+		prog     string
+		want     []string
+		wantNot  []string
+		e2eAfter bool // e2e.test's own flags come after "/b/e2e.test --"
+	}{
+		{1, "/b/e2e.test", []string{"--ginkgo.focus=", "--ginkgo.v", "--kubeconfig=/kc"}, []string{"--procs"}, false},
+		{3, "/b/ginkgo", []string{"--procs=3", "--focus=", "--v", "--output-interceptor-mode=none", "/b/e2e.test --", "--kubeconfig=/kc"}, []string{"--ginkgo."}, true},
+	} {
+		c := config{mode: "nodes", timeout: time.Hour, procs: tc.procs}
+		prog, args := suiteCommand(c, b, selection(c), "/kc", "/r")
+		joined := strings.Join(args, " ")
+		if prog != tc.prog {
+			t.Errorf("procs %d: program %s, want %s", tc.procs, prog, tc.prog)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(joined, w) {
+				t.Errorf("procs %d: args lack %q: %s", tc.procs, w, joined)
+			}
+		}
+		for _, w := range tc.wantNot {
+			if strings.Contains(joined, w) {
+				t.Errorf("procs %d: args have %q: %s", tc.procs, w, joined)
+			}
+		}
+		if tc.e2eAfter && strings.Index(joined, "--kubeconfig") < strings.Index(joined, "/b/e2e.test --") {
+			t.Errorf("procs %d: e2e.test's flags before its path: %s", tc.procs, joined)
+		}
+	}
+}
+
 func TestParseFlags(t *testing.T) {
 	t.Setenv("SOCIALWEB_CONFORMANCE_MODE", "nodes")
 	t.Setenv("SOCIALWEB_CONFORMANCE_NODES", "3")
@@ -124,7 +158,7 @@ func TestParseFlags(t *testing.T) {
 	if c, err = parseFlags([]string{"-image", "/img", "-mode", "api"}); err != nil || c.mode != "api" || c.timeout != 2*time.Hour {
 		t.Errorf("flag over env: %+v, %v", c, err)
 	}
-	for _, bad := range [][]string{{"-mode", "x", "-image", "/i"}, {"-nodes", "0", "-image", "/i"}, {}} {
+	for _, bad := range [][]string{{"-mode", "x", "-image", "/i"}, {"-nodes", "0", "-image", "/i"}, {}, {"-procs", "0", "-image", "/i"}} {
 		if _, err := parseFlags(bad); err == nil {
 			t.Errorf("%v accepted", bad)
 		}

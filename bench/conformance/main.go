@@ -58,6 +58,7 @@ type config struct {
 	mode       string
 	focus      string
 	nodes      int
+	procs      int
 	nodeCPUs   int
 	nodeMemory string
 	timeout    time.Duration
@@ -90,6 +91,11 @@ func parseFlags(args []string) (config, error) {
 		return c, fmt.Errorf("SOCIALWEB_CONFORMANCE_NODES: %w", err)
 	}
 	fs.IntVar(&c.nodes, "nodes", nodes, "nodes booted and kept up in -mode nodes; env SOCIALWEB_CONFORMANCE_NODES")
+	procs, err := strconv.Atoi(envOr("SOCIALWEB_CONFORMANCE_PROCS", "1"))
+	if err != nil {
+		return c, fmt.Errorf("SOCIALWEB_CONFORMANCE_PROCS: %w", err)
+	}
+	fs.IntVar(&c.procs, "procs", procs, "e2e.test processes sharing the specs (the ginkgo CLI's --procs); 1 runs e2e.test alone; env SOCIALWEB_CONFORMANCE_PROCS")
 	fs.IntVar(&c.nodeCPUs, "node-cpus", 2, "vCPUs of each node (room for the tests' requests beside the node's reservations)")
 	fs.StringVar(&c.nodeMemory, "node-memory", "2Gi", "memory of each node")
 	timeout, err := time.ParseDuration(envOr("SOCIALWEB_CONFORMANCE_TIMEOUT", "0s"))
@@ -113,6 +119,9 @@ func parseFlags(args []string) (config, error) {
 	}
 	if c.nodes < 1 {
 		return c, fmt.Errorf("-nodes %d: want 1 or more", c.nodes)
+	}
+	if c.procs < 1 || c.procs > 32 {
+		return c, fmt.Errorf("-procs %d: want 1 to 32", c.procs)
 	}
 	if c.timeout == 0 {
 		c.timeout = 2 * time.Hour
@@ -200,7 +209,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	}
 	imgs = append(imgs, o.imgs...)
 	if c.buildOnly {
-		fmt.Printf("e2e.test %s\nagnhost  %s\nkubectl  %s\nnnp      %s\n", bins.E2E, bins.Agnhost, bins.Kubectl, bins.NNP)
+		fmt.Printf("e2e.test %s\nagnhost  %s\nkubectl  %s\nnnp      %s\nginkgo   %s\n", bins.E2E, bins.Agnhost, bins.Kubectl, bins.NNP, bins.Ginkgo)
 		for _, im := range imgs {
 			fmt.Printf("image    %s %s %v\n", im.tar, im.digest, im.refs)
 		}

@@ -69,25 +69,27 @@ func selection(c config) sel {
 	return s
 }
 
-// e2eArgs are e2e.test's flags for a run (or a dry run) of s.
-func e2eArgs(c config, bins binaries, s sel, kubeconfig, reportDir string) []string {
+// ginkgoSettings are the run's ginkgo flags without their prefix: e2e.test takes
+// them as --ginkgo.NAME, the ginkgo CLI (-procs) as --NAME.
+func ginkgoSettings(c config, s sel) []string {
+	a := []string{"focus=" + s.focus, "label-filter=" + s.labels, "timeout=" + c.timeout.String(), "no-color", "v"}
+	if s.skip != "" {
+		a = append(a, "skip="+s.skip)
+	}
+	return a
+}
+
+// e2eFlags are e2e.test's own flags for a run (or a dry run).
+func e2eFlags(c config, bins binaries, kubeconfig, reportDir string) []string {
 	args := []string{
 		"--provider=skeleton", // no cloud: the generic provider
 		"--kubeconfig=" + kubeconfig,
 		"--kubectl-path=" + bins.Kubectl,
 		"--report-dir=" + reportDir,
 		"--disable-log-dump", // it would ssh to nodes as a cloud provider does
-		"--ginkgo.focus=" + s.focus,
-		"--ginkgo.label-filter=" + s.labels,
-		"--ginkgo.timeout=" + c.timeout.String(),
-		"--ginkgo.no-color",
-		"--ginkgo.v",
 		// The suite waits for kube-system Pods and nodes at start: TCG is slow.
 		"--system-pods-startup-timeout=20m",
 		"--node-schedulable-timeout=30m",
-	}
-	if s.skip != "" {
-		args = append(args, "--ginkgo.skip="+s.skip)
 	}
 	if c.mode == "api" {
 		// No nodes: do not wait for any, and do not count them (auto-detection fails
@@ -97,6 +99,33 @@ func e2eArgs(c config, bins binaries, s sel, kubeconfig, reportDir string) []str
 		args = append(args, "--allowed-not-ready-nodes=0")
 	}
 	return args
+}
+
+// e2eArgs are e2e.test's flags when it runs alone: its own and ginkgo's.
+func e2eArgs(c config, bins binaries, s sel, kubeconfig, reportDir string) []string {
+	args := e2eFlags(c, bins, kubeconfig, reportDir)
+	for _, g := range ginkgoSettings(c, s) {
+		args = append(args, "--ginkgo."+g)
+	}
+	return args
+}
+
+// suiteCommand is the program and arguments of a run: e2e.test alone, or with -procs
+// above 1 the ginkgo CLI running that many e2e.test processes that share out the specs
+// (the suite's non-Serial specs are written to run in parallel; most of their time
+// under TCG is waiting on Pods).
+func suiteCommand(c config, bins binaries, s sel, kubeconfig, reportDir string) (string, []string) {
+	if c.procs <= 1 {
+		return bins.E2E, e2eArgs(c, bins, s, kubeconfig, reportDir)
+	}
+	// Output interception off: specs start kubectl, whose inherited stdout would keep
+	// ginkgo's interceptor waiting.
+	args := []string{"--procs=" + strconv.Itoa(c.procs), "--output-interceptor-mode=none"}
+	for _, g := range ginkgoSettings(c, s) {
+		args = append(args, "--"+g)
+	}
+	args = append(args, bins.E2E, "--")
+	return bins.Ginkgo, append(args, e2eFlags(c, bins, kubeconfig, reportDir)...)
 }
 
 // dryRun lists the tests the selection takes, without a cluster.
@@ -229,8 +258,8 @@ func runSuite(ctx context.Context, c config, bins binaries, imgs []testImage, s 
 		return err
 	}
 	defer lf.Close()
-	args := e2eArgs(c, bins, s, kubeconfig, reportDir)
-	cmd := exec.CommandContext(ctx, bins.E2E, args...)
+	prog, args := suiteCommand(c, bins, s, kubeconfig, reportDir)
+	cmd := exec.CommandContext(ctx, prog, args...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.Dir = out
 	// Ctrl-C reaches this process only (own process group); e2e.test gets SIGINT, on
@@ -238,7 +267,7 @@ func runSuite(ctx context.Context, c config, bins binaries, imgs []testImage, s 
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
 	cmd.WaitDelay = 5 * time.Minute
-	log.Info("running e2e.test", "log", e2eLog, "focus", s.focus, "labels", s.labels, "skip patterns", len(s.skipped), "timeout", c.timeout)
+	log.Info("running e2e.test", "procs", max(1, c.procs), "log", e2eLog, "focus", s.focus, "labels", s.labels, "skip patterns", len(s.skipped), "timeout", c.timeout)
 	t1 := time.Now()
 	runErr := cmd.Run()
 	log.Info("e2e.test done", "took", time.Since(t1).Round(time.Second), "exit", runErr)

@@ -45,6 +45,10 @@ func apiserverArgs(c Config) []string {
 			// Node names are unique per boot and resolve nowhere; the node's address
 			// (set by the kubelet and the cloud controller) is how logs and exec reach it.
 			"--kubelet-preferred-address-types=InternalIP,Hostname",
+			// The apiserver runs on the host, where ClusterIPs route nowhere (they are
+			// the nodes' doing) but Pod IPs do (podroutes): admission webhooks and
+			// aggregated APIs are dialled at their Service's endpoints.
+			"--enable-aggregator-routing=true",
 		)
 	} else {
 		// The management API advertises loopback, which the endpoint
