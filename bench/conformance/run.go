@@ -478,9 +478,19 @@ func nodeReady(n corev1.Node) bool {
 	return false
 }
 
+// prepulled are the big test images, pulled onto each kept node before the suite starts
+// (the placeholder's init containers): first pulls of a 250 MiB image under TCG take
+// minutes, which the tests' own Pod start timeouts do not allow for.
+func prepulled() []string { return []string{agnhostRef, glibcDNSRef, nginxRef, busyboxRef} }
+
 // placeholder is the Deployment that keeps n nodes: one pause Pod per node (required
-// anti-affinity on the hostname), no requests, so the tests' Pods fit beside them.
+// anti-affinity on the hostname), no requests, so the tests' Pods fit beside them. Its
+// init containers pull the prepulled images and exit.
 func placeholder(n int) *appsv1.Deployment {
+	var pulls []corev1.Container
+	for i, ref := range prepulled() {
+		pulls = append(pulls, corev1.Container{Name: fmt.Sprintf("pull-%d", i), Image: ref, Command: []string{"/bin/sh", "-c", "true"}})
+	}
 	labels := map[string]string{"app": "socialweb-conformance-placeholder"}
 	replicas := int32(n)
 	zero := int64(0)
@@ -496,7 +506,8 @@ func placeholder(n int) *appsv1.Deployment {
 					Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
 						RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
 							LabelSelector: &metav1.LabelSelector{MatchLabels: labels}, TopologyKey: corev1.LabelHostname}}}},
-					Containers: []corev1.Container{{Name: "pause", Image: sandboxImage()}},
+					InitContainers: pulls,
+					Containers:     []corev1.Container{{Name: "pause", Image: sandboxImage()}},
 				},
 			},
 		},
