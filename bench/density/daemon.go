@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -116,6 +115,12 @@ func (d *daemon) pssMiB() (float64, error) {
 	return treePssMiB(d.cmd.Process.Pid)
 }
 
+// parts is the PSS of the daemon's tree by part, each the median of 3 reads
+// 2 s apart.
+func (d *daemon) parts() (parts, error) {
+	return medianParts(d.cmd.Process.Pid, d.state, 3, 2*time.Second)
+}
+
 // phases maps each cluster to its phase, from `cluster list` (which reads the
 // management API only and wakes nothing).
 func (d *daemon) phases(ctx context.Context) (map[string]string, error) {
@@ -151,21 +156,6 @@ func (d *daemon) restConfig(ctx context.Context, name string) (*rest.Config, err
 		return nil, fmt.Errorf("kubeconfig of %s: %w", name, err)
 	}
 	return cfg, nil
-}
-
-// controlPlanePID is the tenant's control-plane process, from its record.
-func (d *daemon) controlPlanePID(name string) (int, error) {
-	b, err := os.ReadFile(filepath.Join(d.state, "clusters", name, "instance.json"))
-	if err != nil {
-		return 0, fmt.Errorf("record of %s: %w", name, err)
-	}
-	var rec struct {
-		PID int `json:"pid"`
-	}
-	if err := json.Unmarshal(b, &rec); err != nil || rec.PID == 0 {
-		return 0, fmt.Errorf("record of %s: no pid (%v)", name, err)
-	}
-	return rec.PID, nil
 }
 
 // stop sends SIGTERM (SIGKILL after 2 minutes), kills any process still

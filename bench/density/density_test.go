@@ -210,8 +210,9 @@ func TestPrintTable(t *testing.T) {
 	awake := report{mode: "awake", held: 40, stopReason: "MemAvailable 2000 MiB < reserve 2048 MiB", awake: 40,
 		baseline: 300, total: 8300, perTenant: 200, latencies: []time.Duration{20 * time.Millisecond},
 		creates: []time.Duration{5 * time.Second}, next: 5 * time.Second, nextName: "t0039"}
-	sleep := report{mode: "sleep", held: 100, awake: 10, asleep: 90, baseline: 300, total: 2750, awakeEach: 200,
-		perSleeping: (2750 - 300 - 10*200) / 90.0, perTenant: 24.5, latencies: []time.Duration{2 * time.Second, 3 * time.Second},
+	sleep := report{mode: "sleep", held: 100, awake: 10, asleep: 90, baseline: 300, total: 2750, awakeEach: 200, awakeSum: 2000,
+		alone: parts{daemon: 100, mgmt: 200}, with: parts{daemon: 120, mgmt: 230},
+		perSleeping: (2750 - 300 - 2000) / 90.0, perTenant: 24.5, latencies: []time.Duration{2 * time.Second, 3 * time.Second},
 		creates: []time.Duration{6 * time.Second}, next: 7 * time.Second, nextName: "t0100"}
 	var b strings.Builder
 	printTable(&b, o, []report{awake, sleep}, "go run ./bench/density -tenants 100")
@@ -219,7 +220,9 @@ func TestPrintTable(t *testing.T) {
 	for _, want := range []string{
 		"| figure | awake | sleep | awake / sleep |",
 		"| tenants held (N) | 40 | 100 | 0.40 |",
-		"= (total − alone − awake × PSS per awake) / asleep | n/a | 5.00 | |",
+		"= (total − alone − PSS of every awake tenant's processes) / asleep | n/a | 5.00 | |",
+		"| of which the daemon process, alone → with N (MiB) | 0 → 0 | 100 → 120 | |",
+		"| processes of sleeping tenants (their PSS) | n/a | 0 (0 MiB) | |",
 		"| memory per tenant, simple (MiB) = (total − alone) / N | 200.00 | 24.50 | 8.16 |",
 		"7.00s (t0100)",
 		"command: go run ./bench/density -tenants 100",
@@ -227,5 +230,42 @@ func TestPrintTable(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+func TestClusterOf(t *testing.T) {
+	const state = "/tmp/socialweb-density-12"
+	for _, tc := range []struct {
+		name, cmdline, cluster string
+		mgmt                   bool
+	}{
+		{"a tenant's control plane", "socialweb\x00controlplane\x00--config\x00/tmp/socialweb-density-12/clusters/t0007/controlplane.json\x00--listen-fd\x003\x00", "t0007", false},
+		{"the management API", "socialweb\x00controlplane\x00--config\x00/tmp/socialweb-density-12/mgmt/controlplane.json\x00", "", true},
+		{"another state dir's tenant", "socialweb\x00controlplane\x00--config\x00/tmp/socialweb-density-123/clusters/t0007/controlplane.json\x00", "", false},
+		{"something else", "qemu-system-x86_64\x00-name\x00x\x00", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cluster, mgmt := clusterOf([]byte(tc.cmdline), state)
+			if cluster != tc.cluster || mgmt != tc.mgmt {
+				t.Errorf("clusterOf = %q, %v; want %q, %v", cluster, mgmt, tc.cluster, tc.mgmt)
+			}
+		})
+	}
+}
+
+func TestBreakdownOfThisProcess(t *testing.T) {
+	// sh names the tenant's dir (its $0) and stays, as the parent of sleep, which names nothing.
+	cmd := exec.Command("sh", "-c", "sleep 30; :", "/tmp/socialweb-density-test/clusters/t0001/x")
+	if err := cmd.Start(); err != nil {
+		t.Skip("no sh:", err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	time.Sleep(100 * time.Millisecond) // exec'd, so the cmdline is the child's
+	p, err := breakdown(os.Getpid(), "/tmp/socialweb-density-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.daemon <= 0 || p.procs["t0001"] != 1 || p.tenants["t0001"] <= 0 || p.other <= 0 {
+		t.Errorf("breakdown %+v; want this process as the daemon, sh as tenant t0001's, sleep as other", p)
 	}
 }

@@ -276,3 +276,115 @@ func removeAll(dir string) error {
 	}
 	return nil
 }
+
+// parts is the PSS of a daemon's process tree by part, in MiB.
+type parts struct {
+	daemon float64 // the serve process itself
+	mgmt   float64 // the management API's control plane
+	other  float64 // anything else below the daemon (node VMs, helpers)
+	// tenants is the PSS of each tenant's processes and procs how many
+	// there are: those naming the tenant's dir, state/clusters/NAME.
+	tenants map[string]float64
+	procs   map[string]int
+}
+
+func (p parts) total() float64 {
+	t := p.daemon + p.mgmt + p.other
+	for _, v := range p.tenants {
+		t += v
+	}
+	return t
+}
+
+// clusterOf returns the tenant whose dir (clusters/NAME under state) a
+// NUL-separated cmdline names, and whether it names the management API's dir.
+func clusterOf(cmdline []byte, state string) (cluster string, mgmt bool) {
+	clusters := state + "/clusters/"
+	for _, arg := range bytes.Split(cmdline, []byte{0}) {
+		s := string(arg)
+		if i := strings.Index(s, clusters); i >= 0 {
+			rest := s[i+len(clusters):]
+			if j := strings.IndexByte(rest, '/'); j >= 0 {
+				rest = rest[:j]
+			}
+			if rest != "" {
+				return rest, false
+			}
+		}
+		if namesDir(arg, state+"/mgmt") {
+			mgmt = true
+		}
+	}
+	return "", mgmt
+}
+
+// breakdown reads the PSS of root's tree by part; state is the daemon's state dir.
+func breakdown(root int, state string) (parts, error) {
+	tree, err := descendants(root)
+	if err != nil {
+		return parts{}, err
+	}
+	p := parts{tenants: map[string]float64{}, procs: map[string]int{}}
+	for _, pid := range tree {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+		if err != nil {
+			if pid == root {
+				return parts{}, fmt.Errorf("reading memory of %d: %w", pid, err)
+			}
+			continue // exited meanwhile: it no longer costs memory
+		}
+		kb, err := parsePssKiB(b)
+		if err != nil {
+			return parts{}, fmt.Errorf("memory of %d: %w", pid, err)
+		}
+		mib := float64(kb) / 1024
+		if pid == root {
+			p.daemon += mib
+			continue
+		}
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		switch cluster, mgmt := clusterOf(cmdline, state); {
+		case cluster != "":
+			p.tenants[cluster] += mib
+			p.procs[cluster]++
+		case mgmt:
+			p.mgmt += mib
+		default:
+			p.other += mib
+		}
+	}
+	return p, nil
+}
+
+// medianParts reads the breakdown n times, gap apart, and keeps each part's
+// median: one read can land on either side of a garbage collection of the
+// daemon or the management API, tens of MiB apart.
+func medianParts(root int, state string, n int, gap time.Duration) (parts, error) {
+	var samples []parts
+	for i := range n {
+		if i > 0 {
+			time.Sleep(gap)
+		}
+		p, err := breakdown(root, state)
+		if err != nil {
+			return parts{}, err
+		}
+		samples = append(samples, p)
+	}
+	med := func(get func(parts) float64) float64 {
+		v := make([]float64, len(samples))
+		for i, s := range samples {
+			v[i] = get(s)
+		}
+		sort.Float64s(v)
+		return v[len(v)/2]
+	}
+	out := parts{daemon: med(func(p parts) float64 { return p.daemon }), mgmt: med(func(p parts) float64 { return p.mgmt }),
+		other: med(func(p parts) float64 { return p.other }), tenants: map[string]float64{}, procs: map[string]int{}}
+	last := samples[len(samples)-1]
+	for name := range last.tenants {
+		out.tenants[name] = med(func(p parts) float64 { return p.tenants[name] })
+		out.procs[name] = last.procs[name]
+	}
+	return out, nil
+}

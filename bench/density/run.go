@@ -25,8 +25,12 @@ type report struct {
 	asleep      int
 	baseline    float64 // daemon and descendants before any tenant
 	total       float64 // daemon and descendants with held tenants
-	awakeEach   float64 // mean PSS of one awake tenant's control plane (sleep mode)
-	perSleeping float64 // (total - baseline - awake*awakeEach) / asleep
+	alone, with parts   // the baseline and the total by part
+	awakeEach   float64 // mean PSS of one kept-awake tenant's processes (sleep mode)
+	awakeSum    float64 // PSS of the processes of every tenant not Asleep (sleep mode)
+	asleepProcs int     // processes of Asleep tenants: none, if sleep stops them all
+	asleepPss   float64 // their PSS
+	perSleeping float64 // (total - baseline - awakeSum) / asleep
 	perTenant   float64 // (total - baseline) / held
 	latencies   []time.Duration
 	latencyErrs int
@@ -46,12 +50,16 @@ func run(ctx context.Context, o options, mode string, log *slog.Logger) (report,
 		return r, err
 	}
 	defer d.close(o.keepLogs)
-	// The daemon alone: its management control plane and nothing else.
-	time.Sleep(10 * time.Second)
-	if r.baseline, err = d.pssMiB(); err != nil {
+	// The daemon alone: its management control plane and nothing else, after
+	// the same settle as the measurement (a management API just started still
+	// holds tens of MiB of start-up garbage, which made the figure below
+	// negative when read 10 s after serving).
+	time.Sleep(o.settle)
+	if r.alone, err = d.parts(); err != nil {
 		return r, fmt.Errorf("baseline PSS: %w", err)
 	}
-	log.Info("daemon alone", "pssMiB", fmt.Sprintf("%.0f", r.baseline))
+	r.baseline = r.alone.total()
+	log.Info("daemon alone", "pssMiB", fmt.Sprintf("%.0f", r.baseline), "daemonMiB", fmt.Sprintf("%.0f", r.alone.daemon), "managementMiB", fmt.Sprintf("%.0f", r.alone.mgmt))
 
 	touchCtx, stopTouching := context.WithCancel(ctx)
 	var touchers sync.WaitGroup
@@ -72,7 +80,7 @@ func run(ctx context.Context, o options, mode string, log *slog.Logger) (report,
 	if !sleep {
 		keepAwake = nil
 	}
-	names, stop, creates, err := fill(ctx, o, d, keepAwake, log)
+	names, stop, creates, err := fill(ctx, o, d, keepAwake, sleep, log)
 	if err != nil {
 		return r, err
 	}
@@ -98,34 +106,32 @@ func run(ctx context.Context, o options, mode string, log *slog.Logger) (report,
 			}
 		}
 		r.awake = held - r.asleep
-		if r.total, err = d.pssMiB(); err != nil {
+		if r.with, err = d.parts(); err != nil {
 			return r, fmt.Errorf("PSS: %w", err)
 		}
-		// One awake tenant, measured in this run: its control-plane process tree.
-		var sum float64
+		r.total = r.with.total()
+		// Awake tenants are subtracted as measured, each its own processes;
+		// what is left over the baseline is what the sleeping ones cost.
 		var m int
-		for _, n := range names[:kept] { // fill keeps the first K awake, in name order
+		for _, n := range names {
 			if ph[n] == "Asleep" {
+				r.asleepProcs += r.with.procs[n]
+				r.asleepPss += r.with.tenants[n]
 				continue
 			}
-			pid, err := d.controlPlanePID(n)
-			if err != nil {
-				log.Warn("awake tenant's PSS", "err", err)
-				continue
+			r.awakeSum += r.with.tenants[n]
+		}
+		for _, n := range names[:kept] { // fill keeps the first K awake, in name order
+			if ph[n] != "Asleep" && r.with.procs[n] > 0 {
+				r.awakeEach += r.with.tenants[n]
+				m++
 			}
-			p, err := treePssMiB(pid)
-			if err != nil {
-				log.Warn("awake tenant's PSS", "cluster", n, "err", err)
-				continue
-			}
-			sum += p
-			m++
 		}
 		if m > 0 {
-			r.awakeEach = sum / float64(m)
+			r.awakeEach /= float64(m)
 		}
 		if r.asleep > 0 {
-			r.perSleeping = (r.total - r.baseline - float64(r.awake)*r.awakeEach) / float64(r.asleep)
+			r.perSleeping = (r.total - r.baseline - r.awakeSum) / float64(r.asleep)
 		}
 		for _, n := range names[kept:] {
 			if ph[n] == "Asleep" && len(samples) < o.wakeSamples {
@@ -134,14 +140,17 @@ func run(ctx context.Context, o options, mode string, log *slog.Logger) (report,
 		}
 	} else {
 		time.Sleep(o.settle)
-		if r.total, err = d.pssMiB(); err != nil {
+		if r.with, err = d.parts(); err != nil {
 			return r, fmt.Errorf("PSS: %w", err)
 		}
+		r.total = r.with.total()
 		r.awake = held
 		samples = names[:min(held, o.wakeSamples)]
 	}
 	r.perTenant = (r.total - r.baseline) / float64(held)
-	log.Info("memory", "tenants", held, "awake", r.awake, "asleep", r.asleep, "pssMiB", fmt.Sprintf("%.0f", r.total))
+	log.Info("memory", "tenants", held, "awake", r.awake, "asleep", r.asleep, "pssMiB", fmt.Sprintf("%.0f", r.total),
+		"daemonMiB", fmt.Sprintf("%.0f", r.with.daemon), "managementMiB", fmt.Sprintf("%.0f", r.with.mgmt),
+		"awakeTenantsMiB", fmt.Sprintf("%.0f", r.awakeSum), "asleepProcesses", r.asleepProcs, "perSleepingMiB", fmt.Sprintf("%.2f", r.perSleeping))
 
 	// One request at a time, each on a new connection, so each wake is timed alone.
 	for _, n := range samples {
@@ -179,8 +188,11 @@ func run(ctx context.Context, o options, mode string, log *slog.Logger) (report,
 // fill creates tenants t0000.. with limited concurrency until o.tenants exist,
 // a create fails, or MemAvailable falls below the reserve, and returns the
 // created names in order. keepAwake, if set, is called for each of the first
-// o.awake tenants once it is Ready.
-func fill(ctx context.Context, o options, d *daemon, keepAwake func(string), log *slog.Logger) (names []string, stopReason string, creates []time.Duration, err error) {
+// o.awake tenants once it is Ready. With sleep, MemAvailable under the
+// reserve pauses the creates instead, for as long as tenants take to fall
+// asleep (each create starts its tenant awake); only if it stays under does
+// creating stop.
+func fill(ctx context.Context, o options, d *daemon, keepAwake func(string), sleep bool, log *slog.Logger) (names []string, stopReason string, creates []time.Duration, err error) {
 	var (
 		mu      sync.Mutex
 		wg      sync.WaitGroup
@@ -200,6 +212,12 @@ func fill(ctx context.Context, o options, d *daemon, keepAwake func(string), log
 		avail, err := memAvailableMiB()
 		if err != nil {
 			return nil, "", nil, err
+		}
+		if sleep && avail < o.reserveMiB {
+			avail, err = waitForMemory(ctx, o.reserveMiB, 2*o.sleepAfter+time.Minute, log)
+			if err != nil {
+				return nil, "", nil, err
+			}
 		}
 		if avail < o.reserveMiB {
 			mu.Lock()
@@ -250,6 +268,24 @@ func fill(ctx context.Context, o options, d *daemon, keepAwake func(string), log
 		}
 	}
 	return names, stopped, creates, nil
+}
+
+// waitForMemory waits up to timeout for MemAvailable to rise over reserve
+// and returns the last reading.
+func waitForMemory(ctx context.Context, reserve float64, timeout time.Duration, log *slog.Logger) (float64, error) {
+	log.Info("MemAvailable under the reserve: waiting for tenants to fall asleep", "reserveMiB", reserve, "upTo", timeout)
+	deadline := time.Now().Add(timeout)
+	for {
+		avail, err := memAvailableMiB()
+		if err != nil || avail >= reserve || time.Now().After(deadline) {
+			return avail, err
+		}
+		select {
+		case <-ctx.Done():
+			return avail, ctx.Err()
+		case <-time.After(5 * time.Second):
+		}
+	}
 }
 
 // touch lists namespaces every 10 s with the tenant's own credentials: a

@@ -50,13 +50,20 @@ func rows(r report) []cell {
 		next.text += " (" + r.nextName + ")"
 	}
 	errs := fmt.Sprintf("%d of %d", len(r.latencies), len(r.latencies)+r.latencyErrs)
+	asleepProcs := text("n/a")
+	if r.mode == "sleep" && r.asleep > 0 {
+		asleepProcs = text(fmt.Sprintf("%d (%.0f MiB)", r.asleepProcs, r.asleepPss))
+	}
 	return []cell{
 		num("%.0f", float64(r.held)),
 		text(fmt.Sprintf("%d / %d", r.awake, r.asleep)),
 		text(stop),
 		num("%.0f", r.baseline),
 		num("%.0f", r.total),
+		text(fmt.Sprintf("%.0f → %.0f", r.alone.daemon, r.with.daemon)),
+		text(fmt.Sprintf("%.0f → %.0f", r.alone.mgmt, r.with.mgmt)),
 		awakeEach,
+		asleepProcs,
 		perSleeping,
 		num("%.2f", r.perTenant),
 		lat(50),
@@ -75,8 +82,11 @@ func rowNames() []string {
 		"creating stopped because",
 		"PSS, daemon alone before any tenant (MiB)",
 		"PSS, daemon + all descendants with N tenants (MiB)",
-		"PSS per awake tenant (MiB; sleep: mean of the kept-awake control planes' process trees, same run; awake: (total − alone)/N)",
-		"memory per sleeping tenant (MiB) = (total − alone − awake × PSS per awake) / asleep",
+		"of which the daemon process, alone → with N (MiB)",
+		"of which the management API, alone → with N (MiB)",
+		"PSS per awake tenant (MiB; sleep: mean of the kept-awake tenants' processes, same run; awake: (total − alone)/N)",
+		"processes of sleeping tenants (their PSS)",
+		"memory per sleeping tenant (MiB) = (total − alone − PSS of every awake tenant's processes) / asleep",
 		"memory per tenant, simple (MiB) = (total − alone) / N",
 		"first request p50 (connect start → first response byte, pod list; awake: awake tenants, sleep: sleeping tenants, i.e. wake latency)",
 		"first request p99",

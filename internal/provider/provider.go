@@ -158,6 +158,7 @@ func ClusterDir(stateDir, cluster string) string { return filepath.Join(stateDir
 func (p *Provider) SupervisorHook(name string) {
 	if len(name) > len("cluster/") && name[:len("cluster/")] == "cluster/" {
 		p.queue.Add(name[len("cluster/"):])
+		p.failWakeIfExited(name[len("cluster/"):])
 	}
 }
 

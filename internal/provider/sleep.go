@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -42,7 +43,7 @@ type sleeper struct {
 	wakeErr  string
 	cause    string               // what woke it: connection, cronjob, config
 	wokeAt   time.Time            // when the last wake began (a cronjob wake has no gate time)
-	tenant   kubernetes.Interface // as the daemon's own user (its requests are not activity)
+	tenant   kubernetes.Interface // as the daemon's own user (its requests are not activity); nil asleep
 }
 
 // sleepAfter is the cluster's idle time before sleep: its spec, else the daemon's default.
@@ -102,6 +103,9 @@ func (p *Provider) gateFor(c *v1.Cluster, l lease.Lease) (*sleep.Gate, error) {
 		if err != nil {
 			return nil, err
 		}
+		// The apiserver's own certificate: a failed wake is answered with it.
+		paths := pki.PathsFor(filepath.Join(ClusterDir(p.cfg.StateDir, c.Name), "pki"))
+		g.AnswerWith(paths.ServingCert, paths.ServingKey, p.sleepMetrics.FailedWakeAnswers)
 		s.gate = g
 	}
 	return s.gate, nil
@@ -115,6 +119,7 @@ func (p *Provider) goToSleep(ctx context.Context, c *v1.Cluster, l lease.Lease) 
 	}
 	p.sup.Stop(ProcessName(c.Name), 10*time.Second)
 	p.forgetProbe(c.Name)
+	p.forgetTenantClient(c.Name)
 	// Usually held since the start; bound only now for a cluster started before
 	// it could sleep (its apiserver held the port itself until it stopped).
 	g, err := p.gateFor(c, l)
@@ -334,8 +339,20 @@ func (p *Provider) tenantClient(name string) (kubernetes.Interface, error) {
 	return cs, nil
 }
 
+// forgetTenantClient drops the daemon's client of a cluster going to sleep:
+// a sleeping cluster keeps only its port, its record and its gate, and the
+// client (its transport, TLS config and connection pool) is made again by
+// the first check after the wake.
+func (p *Provider) forgetTenantClient(name string) {
+	p.sleepMu.Lock()
+	defer p.sleepMu.Unlock()
+	if s := p.sleepers[name]; s != nil {
+		s.tenant = nil
+	}
+}
+
 // failWake ends a wake that did not come up: the waiting connections are
-// closed, the Wake condition says why, and the cluster goes back to sleep (its
+// answered with an HTTP 503 saying why (sleep.Gate.Fail), the Wake condition too, and the cluster goes back to sleep (its
 // process stopped, its port gated), so the next connection tries a fresh wake
 // instead of waiting on a control plane that restarts with backoff.
 func (p *Provider) failWake(name, why string) {
@@ -351,10 +368,28 @@ func (p *Provider) failWake(name, why string) {
 	g := s.gate
 	p.sleepMu.Unlock()
 	if g != nil {
-		g.Fail(fmt.Errorf("%s", why))
+		g.Fail(errors.New(why))
 	}
 	p.log.Error("wake failed", "cluster", name, "why", why)
 	p.queue.Add(name)
+}
+
+// failWakeIfExited fails a wake at once when the control plane exits while
+// waking, rather than at the next sleep check: the client that woke it
+// waits, and kubectl gives up on a TLS handshake after 10 s. Called on every
+// process change (SupervisorHook).
+func (p *Provider) failWakeIfExited(name string) {
+	p.sleepMu.Lock()
+	s := p.sleepers[name]
+	var cause string
+	var wokeAt time.Time
+	if s != nil {
+		cause, wokeAt = s.cause, s.wokeAt
+	}
+	p.sleepMu.Unlock()
+	if cause != "" && p.exitedSince(name, wokeAt) {
+		p.failWake(name, "the control plane exited while waking: "+p.whyNotUp(name))
+	}
 }
 
 // whyNotUp describes a control plane that does not answer.

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Gate holds a cluster's loopback port for the cluster's life. The daemon binds
@@ -18,7 +20,8 @@ import (
 // accepts instead: the first connection wakes the cluster and is held until
 // the apiserver answers, then passed on. The socket never closes, so no
 // connection is refused in between: a connection that arrives after the gate
-// stopped accepting waits in the kernel's backlog for the apiserver.
+// stopped accepting waits in the kernel's backlog for the apiserver. A wake
+// that fails is answered by the gate itself: an HTTP 503 saying why (Fail).
 type Gate struct {
 	cluster string
 	addr    string
@@ -31,6 +34,12 @@ type Gate struct {
 	waking bool
 	since  time.Time // when the waking connection arrived
 	closed bool
+	// certFile and keyFile are the apiserver's serving certificate, with
+	// which a failed wake is answered; without them it closes connections.
+	certFile, keyFile string
+	answered          prometheus.Counter // connections answered with a failed wake; may be nil
+	failed            *failure           // the last wake failed: answered until failed.until
+	hold              time.Duration      // failHold; shorter in tests
 }
 
 // Listen binds 127.0.0.1:port for cluster. The gate does not accept until Sleep.
@@ -45,7 +54,17 @@ func Listen(cluster string, port int, log *slog.Logger) (*Gate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("holding the port of %s: %w", cluster, err)
 	}
-	return &Gate{cluster: cluster, addr: addr, file: f, log: log}, nil
+	return &Gate{cluster: cluster, addr: addr, file: f, log: log, hold: failHold}, nil
+}
+
+// AnswerWith gives the gate the apiserver's serving certificate and key, so
+// a wake that fails is answered with an HTTP 503 saying why (see Fail)
+// instead of a closed connection; answered (may be nil) counts those
+// answers. Call before Sleep.
+func (g *Gate) AnswerWith(certFile, keyFile string, answered prometheus.Counter) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.certFile, g.keyFile, g.answered = certFile, keyFile, answered
 }
 
 // File is the listening socket, for the control-plane process (ExtraFiles).
@@ -57,8 +76,10 @@ func (g *Gate) Addr() string { return g.addr }
 // Sleep starts accepting on the port. The first connection stops the
 // accepting (the apiserver, once started, takes the next ones from the
 // socket), is held, and calls wake, once; wake starts the control plane and,
-// once it answers, the daemon calls Awake. Sleep on a gate that is already
-// accepting or waking does nothing.
+// once it answers, the daemon calls Awake. Within the hold after a failed
+// wake, connections are answered with the failure instead and do not wake
+// the cluster. Sleep on a gate that is already accepting or waking does
+// nothing.
 func (g *Gate) Sleep(wake func()) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -78,24 +99,37 @@ func (g *Gate) Sleep(wake func()) error {
 }
 
 func (g *Gate) accept(ln net.Listener, wake func()) {
-	c, err := ln.Accept()
-	g.mu.Lock()
-	if g.ln == ln {
-		g.ln = nil
-	}
-	ln.Close()
-	if err != nil {
-		g.mu.Unlock()
-		if !errors.Is(err, net.ErrClosed) {
-			g.log.Warn("sleeping cluster: accepting a connection", "cluster", g.cluster, "err", err)
+	for {
+		c, err := ln.Accept()
+		g.mu.Lock()
+		if err != nil {
+			if g.ln == ln {
+				g.ln = nil
+			}
+			g.mu.Unlock()
+			ln.Close()
+			if !errors.Is(err, net.ErrClosed) {
+				g.log.Warn("sleeping cluster: accepting a connection", "cluster", g.cluster, "err", err)
+			}
+			return
 		}
+		if f := g.failed; f != nil && time.Now().Before(f.until) {
+			g.mu.Unlock()
+			go g.answer(f, c)
+			continue
+		}
+		g.failed = nil
+		if g.ln == ln {
+			g.ln = nil
+		}
+		ln.Close()
+		g.held = append(g.held, c)
+		g.waking, g.since = true, time.Now()
+		g.mu.Unlock()
+		g.log.Info("waking a sleeping cluster: a connection arrived", "cluster", g.cluster, "remote", c.RemoteAddr().String())
+		wake()
 		return
 	}
-	g.held = append(g.held, c)
-	g.waking, g.since = true, time.Now()
-	g.mu.Unlock()
-	g.log.Info("waking a sleeping cluster: a connection arrived", "cluster", g.cluster, "remote", c.RemoteAddr().String())
-	wake()
 }
 
 // Listening reports whether the gate accepts (the cluster sleeps and no
@@ -130,7 +164,7 @@ func (g *Gate) Stop() {
 func (g *Gate) Awake() (time.Duration, bool) {
 	g.mu.Lock()
 	held, waking, since := g.held, g.waking, g.since
-	g.held, g.waking = nil, false
+	g.held, g.waking, g.failed = nil, false, nil
 	g.mu.Unlock()
 	for _, c := range held {
 		go g.pass(c)
@@ -141,26 +175,59 @@ func (g *Gate) Awake() (time.Duration, bool) {
 	return time.Since(since), true
 }
 
-// Fail ends a wake that did not come up: every held connection is closed, so
-// the client sees the connection end (an EOF, or a TLS handshake that fails)
-// instead of waiting forever. The Cluster's Wake condition says why.
-func (g *Gate) Fail(err error) {
+// Fail ends a wake that did not come up. Each held connection is answered
+// with an HTTP 503 whose Kubernetes Status says why and what to do (over TLS
+// with the apiserver's certificate, see AnswerWith), and so is every
+// connection the gate accepts within the hold after (failHold); then a
+// connection wakes the cluster again. Without the certificate the
+// connections are closed. The daemon stops the control plane and calls Sleep
+// again: connections that arrived meanwhile wait in the backlog and get the
+// same answer.
+func (g *Gate) Fail(why error) {
 	g.mu.Lock()
 	held := g.held
 	g.held, g.waking = nil, false
+	var f *failure
+	var err error
+	if g.certFile != "" {
+		if f, err = newFailure(g.cluster, g.certFile, g.keyFile, why, time.Now(), g.hold); err == nil {
+			g.failed = f
+		}
+	}
 	g.mu.Unlock()
+	if err != nil {
+		g.log.Warn("cannot answer the clients of a failed wake; closing their connections", "cluster", g.cluster, "err", err)
+	}
 	for _, c := range held {
-		g.log.Warn("closing a connection that woke a cluster that did not come up", "cluster", g.cluster, "remote", c.RemoteAddr().String(), "err", err)
-		c.Close()
+		g.log.Warn("answering a connection that woke a cluster that did not come up", "cluster", g.cluster, "remote", c.RemoteAddr().String(), "why", why)
+		if f == nil {
+			c.Close()
+			continue
+		}
+		go g.answer(f, c)
+	}
+}
+
+// answer answers one connection with the failure.
+func (g *Gate) answer(f *failure, c net.Conn) {
+	if err := f.answer(c); err != nil {
+		g.log.Debug("answering a connection with the failed wake", "cluster", g.cluster, "remote", c.RemoteAddr().String(), "err", err)
+		return
+	}
+	if g.answered != nil {
+		g.answered.Inc()
 	}
 }
 
 // Close stops accepting, closes held connections and releases the port.
 func (g *Gate) Close() error {
 	g.Stop()
-	g.Fail(errors.New("the cluster is being deleted"))
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	for _, c := range g.held {
+		c.Close()
+	}
+	g.held, g.waking, g.failed = nil, false, nil
 	if g.closed {
 		return nil
 	}

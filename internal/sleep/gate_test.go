@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -51,7 +52,8 @@ func get(addr string) (string, error) {
 }
 
 // Clients that arrive together at a sleeping cluster cause one start, and every
-// one of them is answered by the apiserver; the cluster can then sleep and be
+// one of them is answered by the apiserver (a gate that could answer a
+// failure answers nothing itself); the cluster can then sleep and be
 // woken again on the same port.
 func TestGateConcurrentWakersCauseOneStart(t *testing.T) {
 	g, err := Listen("ci", freePort(t), slog.New(slog.DiscardHandler))
@@ -59,6 +61,8 @@ func TestGateConcurrentWakersCauseOneStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
+	p := tenantPKI(t, "ci")
+	g.AnswerWith(p.ServingCert, p.ServingKey, nil) // no failure: changes nothing
 	var starts atomic.Int32
 	var mu sync.Mutex
 	var stopAPI func()
@@ -103,21 +107,6 @@ func TestGateConcurrentWakersCauseOneStart(t *testing.T) {
 	}
 }
 
-// A wake that fails ends the held connection instead of leaving it waiting.
-func TestGateFailedWakeEndsTheConnection(t *testing.T) {
-	g, err := Listen("ci", freePort(t), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	if err := g.Sleep(func() { go g.Fail(io.ErrUnexpectedEOF) }); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := get(g.Addr()); err == nil {
-		t.Fatal("a client of a failed wake was answered")
-	}
-}
-
 // Stop (a wake for a CronJob) stops accepting without a connection; Close
 // releases the port.
 func TestGateStopAndClose(t *testing.T) {
@@ -141,4 +130,36 @@ func TestGateStopAndClose(t *testing.T) {
 		t.Fatalf("the port is still held after Close: %v", err)
 	}
 	l.Close()
+}
+
+// What a sleeping cluster's gate costs the daemon: its heap and goroutine
+// stack, measured over many gates (the density target is 5 MiB per sleeping
+// tenant, all of it; a gate is a small part of that).
+func TestSleepingGateCost(t *testing.T) {
+	const n = 200
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	gates := make([]*Gate, 0, n)
+	for range n {
+		g, err := Listen("ci", 0, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		if err := g.Sleep(func() { t.Error("woken without a connection") }); err != nil {
+			t.Fatal(err)
+		}
+		gates = append(gates, g)
+	}
+	time.Sleep(100 * time.Millisecond) // every accept goroutine parked
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	heap := (int64(after.HeapInuse) - int64(before.HeapInuse)) / n
+	stack := (int64(after.StackInuse) - int64(before.StackInuse)) / n
+	t.Logf("a sleeping gate: %d B heap, %d B goroutine stack", heap, stack)
+	if heap+stack > 64<<10 {
+		t.Errorf("a sleeping gate costs %d B; want under 64 KiB", heap+stack)
+	}
+	runtime.KeepAlive(gates)
 }

@@ -12,6 +12,9 @@ type Metrics struct {
 	// WakeSeconds is from the waking connection's arrival to the apiserver
 	// answering, when the connection is passed on.
 	WakeSeconds prometheus.Histogram
+	// FailedWakeAnswers counts connections answered with an HTTP 503
+	// because their wake failed (Gate.Fail).
+	FailedWakeAnswers prometheus.Counter
 }
 
 // NewMetrics makes the sleep and wake metrics.
@@ -24,10 +27,11 @@ func NewMetrics() *Metrics {
 			Help:    "From the connection that woke a cluster to its apiserver answering.",
 			Buckets: []float64{0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60},
 		}),
+		FailedWakeAnswers: prometheus.NewCounter(prometheus.CounterOpts{Name: "socialweb_cluster_failed_wake_answers_total", Help: "Connections to a sleeping cluster answered with an HTTP 503 because its wake failed."}),
 	}
 }
 
 // Collectors are the metrics to register.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.Sleeps, m.Wakes, m.WakeSeconds}
+	return []prometheus.Collector{m.Sleeps, m.Wakes, m.WakeSeconds, m.FailedWakeAnswers}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -24,7 +26,8 @@ import (
 // sleep (phase Asleep, its control-plane process gone); a list against its
 // own port wakes it and is answered; it sleeps again; a list through the front
 // door wakes it; `cluster get` does not wake it; after a daemon restart it is
-// still asleep, and clients that arrive together wake it and are all answered.
+// still asleep, and clients that arrive together wake it and are all answered;
+// a wake that fails is answered with a 503 saying why.
 func TestSleepAndWake(t *testing.T) {
 	const (
 		name   = "nap"
@@ -128,4 +131,51 @@ func TestSleepAndWake(t *testing.T) {
 			t.Errorf("metrics after the restart lack %s:\n%s", want, grepLines(string(body), "socialweb_cluster_"))
 		}
 	}
+
+	// A wake that fails is answered, not dropped: the service-account key is
+	// moved aside, so the apiserver exits as it starts (a garbage datastore
+	// does not do: kine retries it for minutes, and the client would give up
+	// on its TLS handshake first; this daemon prepared the cluster already, so
+	// the start does not make the key again). The client gets a 503 whose
+	// Status says why and what to do, through the door; the Wake condition is
+	// False; within the hold another client is answered at once, on the
+	// cluster's own port, without another start; mended, a request after the
+	// hold wakes it.
+	asleep("before a wake that fails")
+	saKey := filepath.Join(d.stateDir, "clusters", name, "pki", "sa.key")
+	if err := os.Rename(saKey, saKey+".aside"); err != nil {
+		t.Fatal(err)
+	}
+	failed := time.Now()
+	_, err = kubernetes.NewForConfigOrDie(viaDoor).CoreV1().Pods("").List(ctxT(t, time.Minute), metav1.ListOptions{})
+	if !apierrors.IsServiceUnavailable(err) || !strings.Contains(err.Error(), "could not be woken") || !strings.Contains(err.Error(), "socialweb cluster get "+name) {
+		t.Fatalf("a list that woke a cluster whose start fails got %v; want a 503 saying why and what to do", err)
+	}
+	t.Logf("a failed wake was answered through the door in %s: %v", time.Since(failed).Round(time.Millisecond), err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c := meta.FindStatusCondition(d.cluster(name).Status.Conditions, v1.ConditionWake)
+		if c != nil && c.Status == metav1.ConditionFalse && c.Reason == "WakeFailed" {
+			t.Logf("Wake condition: %s", c.Message)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a failed wake the Wake condition is %+v; want False, WakeFailed", c)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	asleep("after a failed wake")
+	t0 := time.Now()
+	_, err = kubernetes.NewForConfigOrDie(own).CoreV1().Namespaces().List(ctxT(t, time.Minute), metav1.ListOptions{})
+	if !apierrors.IsServiceUnavailable(err) || time.Since(t0) > 5*time.Second {
+		t.Errorf("within the hold, on its own port: %v after %s; want the 503 at once", err, time.Since(t0).Round(time.Millisecond))
+	}
+	if ps := processesMentioning(config); len(ps) > 0 {
+		t.Errorf("within the hold a control plane started: %v", ps)
+	}
+	if err := os.Rename(saKey+".aside", saKey); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(failed.Add(35 * time.Second))) // the hold (30 s) is over
+	wake("after the failed wake was mended", own)
 }
