@@ -57,6 +57,7 @@ func newRootCommand() *cobra.Command {
 		newImageCommand(g),
 		newDownCommand(g),
 		newControlPlaneCommand(),
+		newVirtiofsdCommand(),
 	)
 	return root
 }

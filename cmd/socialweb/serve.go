@@ -11,6 +11,7 @@ import (
 
 	"github.com/socialweb-computer/socialweb/internal/daemon"
 	"github.com/socialweb-computer/socialweb/internal/frontdoor"
+	"github.com/socialweb-computer/socialweb/internal/layershare"
 )
 
 func newServeCommand(g *globalOptions) *cobra.Command {
@@ -72,6 +73,7 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.DurationVar(&o.NodeBootTimeout, "node-boot-timeout", 5*time.Minute, "how long a node VM may take to register its Node before it is reported on the Cluster and deleted; a registered node not yet Ready counts as capacity for as long")
 	f.StringVar(&o.Accel, "accel", "auto", "node accelerator: auto (KVM if a guest of the node image boots under it, checked once per host boot, else TCG), kvm (refused at start where no guest boots under it) or tcg")
 	f.Int64Var(&o.TCGCacheMiB, "tcg-cache-mib", 256, "TCG translation cache of each node VM in MiB (qemu's tb-size), 32-1024; most of a TCG VMM's own memory is this cache; 0 is qemu's default, 1024")
+	f.BoolVar(&o.SharedLayers, "shared-layers", true, "unpack every image layer of the host registry once, on the host (<state-dir>/layers), and give each node VM those layers read-only through virtio-fs (tag "+layershare.Tag+", one virtiofsd per VM); false: nodes pull and unpack every layer themselves")
 	f.StringVar(&o.MetricsAddress, "metrics-address", "127.0.0.1:7080", `Prometheus /metrics listen address ("" disables)`)
 	f.StringVar(&o.FrontDoor, "front-door", "", `HOST:PORT of one TLS listener that carries every tenant, routed by SNI NAME.<--front-door-domain> and passed through (the door holds no tenant key); kubeconfigs then name it; "" (off) leaves each tenant on its own loopback port only`)
 	f.StringVar(&o.FrontDoorDomain, "front-door-domain", frontdoor.DefaultDomain, "DNS domain of the front door's names: cluster NAME is NAME.DOMAIN, which its serving certificate includes")

@@ -8,9 +8,12 @@
 // the machine off):
 //
 //  1. Boot: the Steps chain, in order (DefaultSteps):
-//     mounts, limits, modules, sysctls, containerd-config, containerd
-//     (started, not waited for), identity, hostname, network, registry,
-//     kubelet-config, containerd-ready (its socket answers), kubelet.
+//     mounts, limits, modules, sysctls, data-disk, layer-share (the host's
+//     unpacked layers over virtio-fs, when the VM has them), snapshotter (the
+//     socialweb snapshotter that takes layers from that share, see
+//     layershare), containerd-config, containerd (started, not waited for),
+//     identity, hostname, network, registry, kubelet-config, containerd-ready
+//     (its socket answers), kubelet, and the steps after it.
 //     Each step logs one timeline line when it is done,
 //     `msg=agent step=<name> uptime=<s>s took=<d>`, where uptime is the
 //     guest's /proc/uptime (seconds since the kernel started), so the host
@@ -31,8 +34,8 @@
 //     QMP system_powerdown), the kubelet returning, containerd exiting more
 //     often than Config.ContainerdRestarts allows, or ctx.
 //  3. Shutdown: the ShutdownSteps chain (DefaultShutdownSteps): stop the
-//     kubelet, stop containerd, SIGTERM then SIGKILL every other process,
-//     sync and unmount, then Final (power off).
+//     kubelet, stop containerd, stop the snapshotter, SIGTERM then SIGKILL
+//     every other process, sync and unmount, then Final (power off).
 //
 // While it runs as PID 1 the agent also reaps orphans (see reaper). The
 // kubelet runs in this process (RunKubelet); the few kubelet paths that
@@ -76,6 +79,7 @@ import (
 
 	"k8s.io/kubernetes/cmd/kubelet/app/options"
 
+	"github.com/socialweb-computer/socialweb/internal/agent/layershare"
 	"github.com/socialweb-computer/socialweb/internal/boottimeline"
 	"github.com/socialweb-computer/socialweb/internal/identity"
 )
@@ -108,8 +112,11 @@ type Config struct {
 	// before the node shuts down.
 	ContainerdRestarts int
 	SandboxImage       string
-	CNI                CNIOptions
-	Kubelet            KubeletOptions
+	// NoLayerShare keeps containerd on its overlayfs snapshotter even when
+	// the host shares its unpacked layers (see stepLayerShare).
+	NoLayerShare bool
+	CNI          CNIOptions
+	Kubelet      KubeletOptions
 
 	// ShutdownGrace is how long processes get between SIGTERM and SIGKILL.
 	ShutdownGrace time.Duration
@@ -261,6 +268,9 @@ type Agent struct {
 	// Set by the containerd steps.
 	ContainerdBinary string
 	ContainerdMajor  int
+	// Set by the layer-share step when the host's layer share is mounted
+	// (Layout.LayerShare).
+	LayerShare string
 	// Set by the kubelet-config step: what the kubelet runs with.
 	KubeletServer *options.KubeletServer
 	KubeletFlags  []string
@@ -282,6 +292,9 @@ type Agent struct {
 	stopping      bool
 	kubeletCancel context.CancelFunc
 	kubeletDone   chan error
+	// the socialweb snapshotter, when the layer share is mounted
+	snapshotter       *layershare.Snapshotter
+	snapshotterServer *layershare.Server
 }
 
 // New returns an agent for cfg (defaults filled in).
@@ -381,6 +394,8 @@ const (
 	StepModules          = "modules"
 	StepSysctls          = "sysctls"
 	StepDataDisk         = "data-disk"
+	StepLayerShare       = "layer-share"
+	StepSnapshotter      = "snapshotter"
 	StepIdentity         = "identity"
 	StepHostname         = "hostname"
 	StepNetwork          = "network"
@@ -397,10 +412,11 @@ const (
 	StepCPUReport        = "cpu-report"
 	StepTimeline         = "boot-timeline"
 
-	StepStopKubelet    = "stop-kubelet"
-	StepStopContainerd = "stop-containerd"
-	StepStopProcesses  = "stop-processes"
-	StepUnmount        = "unmount"
+	StepStopKubelet     = "stop-kubelet"
+	StepStopContainerd  = "stop-containerd"
+	StepStopSnapshotter = "stop-snapshotter"
+	StepStopProcesses   = "stop-processes"
+	StepUnmount         = "unmount"
 )
 
 // DefaultSteps returns a new copy of the boot chain.
@@ -411,6 +427,8 @@ func DefaultSteps() Steps {
 		{StepModules, stepModules},
 		{StepSysctls, stepSysctls},
 		{StepDataDisk, stepDataDisk},
+		{StepLayerShare, stepLayerShare},
+		{StepSnapshotter, stepSnapshotter},
 		{StepContainerdConfig, stepContainerdConfig},
 		{StepContainerd, stepContainerd},
 		{StepIdentity, stepIdentity},
@@ -434,6 +452,7 @@ func DefaultShutdownSteps() Steps {
 	return Steps{
 		{StepStopKubelet, stepStopKubelet},
 		{StepStopContainerd, stepStopContainerd},
+		{StepStopSnapshotter, stepStopSnapshotter},
 		{StepStopProcesses, stepStopProcesses},
 		{StepUnmount, stepUnmount},
 	}

@@ -56,6 +56,9 @@ func TestAgentBootsUnderQemu(t *testing.T) {
 	must("containerd up (its socket answered)", `msg=agent step=containerd-ready uptime=`, 120*time.Second)
 	must("kubelet started", `msg=agent step=kubelet uptime=`, 120*time.Second)
 	must("agent up", `msg=agent step=up uptime=`, 10*time.Second)
+	if _, ok := con.find(regexp.MustCompile(`msg="layer share" state="absent: no virtio-fs device`)); !ok {
+		t.Errorf("no 'layer share absent' line: a VM without a virtio-fs device must boot as before")
+	}
 	must("kubelet TLS bootstrap", `Client rotation is on, will bootstrap in background`, 120*time.Second)
 	// The certificate manager tries the apiserver named on the identity disk.
 	must("a bootstrap request to the identity's apiserver", `https://10\.0\.2\.2:1/apis/certificates\.k8s\.io|dial tcp 10\.0\.2\.2:1: connect`, 120*time.Second)
@@ -124,6 +127,12 @@ func (n *bootedNode) powerdown() {
 // boots it with qemu -M microvm (TCG here). SOCIALWEB_BOOT_CONSOLE=<file>
 // saves the console there.
 func bootNode(t *testing.T, mutate func(*identity.Identity)) *bootedNode {
+	t.Helper()
+	return bootNodeWith(t, mutate, nil)
+}
+
+// bootNodeWith is bootNode with the qemu arguments edited by qemuArgs.
+func bootNodeWith(t *testing.T, mutate func(*identity.Identity), qemuArgs func([]string) []string) *bootedNode {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("-short: skipping the image build and boot")
@@ -234,6 +243,9 @@ func bootNode(t *testing.T, mutate func(*identity.Identity)) *bootedNode {
 		"-netdev", "user,id=n0",
 		"-device", "virtio-net-device,netdev=n0,mac="+bootMAC,
 	)
+	if qemuArgs != nil {
+		args = qemuArgs(args)
+	}
 	t.Logf("qemu-system-x86_64 %s", strings.Join(args, " "))
 	qctx, qcancel := context.WithTimeout(ctx, 10*time.Minute)
 	t.Cleanup(qcancel)

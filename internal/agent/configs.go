@@ -48,6 +48,15 @@ type Layout struct {
 	// once the kubelet passes it the node's pod CIDR (see CNITemplate).
 	CNITemplate string
 
+	// LayerShare is where the host's layer share (virtio-fs) is mounted.
+	LayerShare string
+	// SnapshotterSocket is the socialweb snapshotter's gRPC socket.
+	SnapshotterSocket string
+	// SnapshotterRoot is the socialweb snapshotter's directory: where
+	// containerd's CRI looks for a snapshotter's image filesystem
+	// (<root>/io.containerd.snapshotter.v1.<name>), on the data disk.
+	SnapshotterRoot string
+
 	KubeletRoot         string // --root-dir
 	KubeletConfig       string // KubeletConfiguration (YAML)
 	ProxyConfig         string // KubeProxyConfiguration (YAML)
@@ -76,6 +85,10 @@ func DefaultLayout() Layout {
 		CNIBinDir:        "/usr/lib/cni",
 		CNIConfDir:       "/etc/cni/net.d",
 		CNITemplate:      "/etc/containerd/cni.conflist.tmpl",
+
+		LayerShare:        "/run/socialweb/layers",
+		SnapshotterSocket: "/run/socialweb/snapshotter.sock",
+		SnapshotterRoot:   "/var/lib/containerd/io.containerd.snapshotter.v1." + SharedSnapshotter,
 
 		KubeletRoot:         "/var/lib/kubelet",
 		KubeletConfig:       "/var/lib/kubelet/config.yaml",
@@ -106,7 +119,7 @@ func (l Layout) Under(root string) Layout {
 
 func (l *Layout) fields() []*string {
 	return []*string{&l.ContainerdConfig, &l.ContainerdCerts, &l.ContainerdSocket, &l.ContainerdRoot,
-		&l.ContainerdState, &l.CNIBinDir, &l.CNIConfDir, &l.CNITemplate, &l.KubeletRoot, &l.KubeletConfig, &l.ProxyConfig,
+		&l.ContainerdState, &l.CNIBinDir, &l.CNIConfDir, &l.CNITemplate, &l.LayerShare, &l.SnapshotterSocket, &l.SnapshotterRoot, &l.KubeletRoot, &l.KubeletConfig, &l.ProxyConfig,
 		&l.KubeletCertDir, &l.KubeletServingCert, &l.KubeletServingKey, &l.Kubeconfig, &l.BootstrapKubeconfig, &l.CACert, &l.ClientCACert, &l.ResolvConf, &l.Hosts,
 		&l.Hostname, &l.MachineID}
 }
@@ -145,10 +158,19 @@ type ContainerdOptions struct {
 	Major        int
 	SandboxImage string
 	LogLevel     string
+	// SharedLayers points the CRI plugin at the socialweb snapshotter
+	// (SharedSnapshotter, a proxy plugin on Layout.SnapshotterSocket) with the
+	// snapshot annotations on, so it sees each layer's digest and can take
+	// the layer from the host's share. Off, CRI uses overlayfs.
+	SharedLayers bool
 }
 
+// SharedSnapshotter is the name containerd knows the socialweb snapshotter by.
+const SharedSnapshotter = "socialweb"
+
 // ContainerdConfig is config.toml: the CRI plugin with runc (cgroupfs, which
-// is what the kubelet is told too), the overlayfs snapshotter, the registry
+// is what the kubelet is told too), the overlayfs snapshotter (or, with
+// SharedLayers, the socialweb one as a proxy plugin), the registry
 // hosts directory (see HostsTOML), the sandbox image and the CNI
 // directories with the conflist template containerd fills in with the pod
 // CIDR the kubelet reports (see CNITemplate).
@@ -162,6 +184,17 @@ func ContainerdConfig(l Layout, o ContainerdOptions) ([]byte, error) {
 	q := func(s string) string { b, _ := json.Marshal(s); return string(b) } // TOML basic strings accept JSON escapes
 	var b strings.Builder
 	fmt.Fprintf(&b, "# written by socialweb-node\n")
+	snap := "  snapshotter = \"overlayfs\"\n"
+	if o.SharedLayers {
+		// CRI passes the layer digests only with the annotations on. With
+		// them, containerd 2.x pulls through the client's unpacker, not the
+		// transfer service; use_local_image_pull says so instead of leaving it
+		// to its fallback.
+		snap = "  snapshotter = " + q(SharedSnapshotter) + "\n  disable_snapshot_annotations = false\n"
+		if o.Major == 2 {
+			snap += "  use_local_image_pull = true\n"
+		}
+	}
 	switch o.Major {
 	case 2:
 		fmt.Fprintf(&b, `version = 3
@@ -175,8 +208,7 @@ state = %[2]s
   level = %[4]s
 
 [plugins.'io.containerd.cri.v1.images']
-  snapshotter = "overlayfs"
-
+%[10]s
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
   sandbox = %[5]s
 
@@ -197,7 +229,7 @@ state = %[2]s
   conf_dir = %[8]s
   conf_template = %[9]s
 `, q(l.ContainerdRoot), q(l.ContainerdState), q(l.ContainerdSocket), q(o.LogLevel), q(o.SandboxImage),
-			q(l.ContainerdCerts), q(l.CNIBinDir), q(l.CNIConfDir), q(l.CNITemplate))
+			q(l.ContainerdCerts), q(l.CNIBinDir), q(l.CNIConfDir), q(l.CNITemplate), snap)
 	case 1:
 		fmt.Fprintf(&b, `version = 2
 root = %[1]s
@@ -216,8 +248,7 @@ state = %[2]s
   config_path = %[6]s
 
 [plugins."io.containerd.grpc.v1.cri".containerd]
-  snapshotter = "overlayfs"
-  default_runtime_name = "runc"
+%[10]s  default_runtime_name = "runc"
 
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
@@ -230,9 +261,12 @@ state = %[2]s
   conf_dir = %[8]s
   conf_template = %[9]s
 `, q(l.ContainerdRoot), q(l.ContainerdState), q(l.ContainerdSocket), q(o.LogLevel), q(o.SandboxImage),
-			q(l.ContainerdCerts), q(l.CNIBinDir), q(l.CNIConfDir), q(l.CNITemplate))
+			q(l.ContainerdCerts), q(l.CNIBinDir), q(l.CNIConfDir), q(l.CNITemplate), snap)
 	default:
 		return nil, fmt.Errorf("containerd config: unsupported containerd major version %d (want 1 or 2)", o.Major)
+	}
+	if o.SharedLayers {
+		fmt.Fprintf(&b, "\n[proxy_plugins.%s]\n  type = \"snapshot\"\n  address = %s\n", q(SharedSnapshotter), q(l.SnapshotterSocket))
 	}
 	return []byte(b.String()), nil
 }

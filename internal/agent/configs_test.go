@@ -11,8 +11,10 @@ import (
 	"strings"
 	"testing"
 
-	"sigs.k8s.io/yaml"
 	"time"
+
+	"github.com/BurntSushi/toml"
+	"sigs.k8s.io/yaml"
 
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -100,6 +102,113 @@ func TestContainerdConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestContainerdConfigSharedLayers decodes the config as containerd does
+// (TOML) and checks where the snapshotter settings land: the proxy plugin at
+// the top level, the CRI plugin pointed at it with its snapshot annotations
+// on, and without SharedLayers exactly today's overlayfs config.
+func TestContainerdConfigSharedLayers(t *testing.T) {
+	l := DefaultLayout()
+	type cri = map[string]any
+	tests := []struct {
+		name        string
+		opts        ContainerdOptions
+		criSection  func(m map[string]any) cri
+		wantCRI     map[string]any
+		wantProxy   bool
+		wantVersion int64
+	}{
+		{
+			name: "containerd 2.x with the share",
+			opts: ContainerdOptions{Major: 2, SandboxImage: "p", SharedLayers: true},
+			criSection: func(m map[string]any) cri {
+				return dig(m, "plugins", "io.containerd.cri.v1.images")
+			},
+			wantCRI:     map[string]any{"snapshotter": "socialweb", "disable_snapshot_annotations": false, "use_local_image_pull": true},
+			wantProxy:   true,
+			wantVersion: 3,
+		},
+		{
+			name: "containerd 1.6 with the share",
+			opts: ContainerdOptions{Major: 1, SandboxImage: "p", SharedLayers: true},
+			criSection: func(m map[string]any) cri {
+				return dig(m, "plugins", "io.containerd.grpc.v1.cri", "containerd")
+			},
+			wantCRI:     map[string]any{"snapshotter": "socialweb", "disable_snapshot_annotations": false, "default_runtime_name": "runc"},
+			wantProxy:   true,
+			wantVersion: 2,
+		},
+		{
+			name: "containerd 2.x without the share",
+			opts: ContainerdOptions{Major: 2, SandboxImage: "p"},
+			criSection: func(m map[string]any) cri {
+				return dig(m, "plugins", "io.containerd.cri.v1.images")
+			},
+			wantCRI:     map[string]any{"snapshotter": "overlayfs"},
+			wantVersion: 3,
+		},
+		{
+			name: "containerd 1.6 without the share",
+			opts: ContainerdOptions{Major: 1, SandboxImage: "p"},
+			criSection: func(m map[string]any) cri {
+				return dig(m, "plugins", "io.containerd.grpc.v1.cri", "containerd")
+			},
+			wantCRI:     map[string]any{"snapshotter": "overlayfs"},
+			wantVersion: 2,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ContainerdConfig(l, tt.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m map[string]any
+			if _, err := toml.Decode(string(got), &m); err != nil {
+				t.Fatalf("not TOML: %v\n%s", err, got)
+			}
+			if m["version"] != tt.wantVersion || m["root"] != l.ContainerdRoot {
+				t.Errorf("version %v root %v at the top level, want %d and %s:\n%s", m["version"], m["root"], tt.wantVersion, l.ContainerdRoot, got)
+			}
+			sec := tt.criSection(m)
+			for k, v := range tt.wantCRI {
+				if sec[k] != v {
+					t.Errorf("CRI %s = %v, want %v:\n%s", k, sec[k], v, got)
+				}
+			}
+			if !tt.opts.SharedLayers {
+				if _, ok := sec["disable_snapshot_annotations"]; ok {
+					t.Errorf("annotations set without the share:\n%s", got)
+				}
+			}
+			proxy := dig(m, "proxy_plugins", "socialweb")
+			if !tt.wantProxy {
+				if _, ok := m["proxy_plugins"]; ok {
+					t.Errorf("proxy plugin without the share:\n%s", got)
+				}
+				return
+			}
+			if proxy["type"] != "snapshot" || proxy["address"] != l.SnapshotterSocket {
+				t.Errorf("proxy_plugins.socialweb = %v:\n%s", proxy, got)
+			}
+		})
+	}
+	if want := filepath.Join(l.ContainerdRoot, "io.containerd.snapshotter.v1."+SharedSnapshotter); l.SnapshotterRoot != want {
+		t.Errorf("SnapshotterRoot %s, want %s: CRI reports the image filesystem there", l.SnapshotterRoot, want)
+	}
+}
+
+// dig walks nested TOML tables; a missing one is an empty map.
+func dig(m map[string]any, keys ...string) map[string]any {
+	for _, k := range keys {
+		next, _ := m[k].(map[string]any)
+		if next == nil {
+			return map[string]any{}
+		}
+		m = next
+	}
+	return m
 }
 
 func TestContainerdConfigQuotesPaths(t *testing.T) {

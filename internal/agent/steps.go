@@ -502,6 +502,7 @@ func stepContainerdConfig(ctx context.Context, a *Agent) error {
 	}
 	files, err := ContainerdFiles(a.Layout, ContainerdOptions{
 		Major: a.ContainerdMajor, SandboxImage: a.Config.SandboxImage, LogLevel: a.Config.ContainerdLogLevel,
+		SharedLayers: a.snapshotter != nil,
 	}, a.Config.CNI)
 	if err != nil {
 		return err
@@ -519,7 +520,12 @@ func stepContainerdConfig(ctx context.Context, a *Agent) error {
 	if err := writeFiles(files); err != nil {
 		return err
 	}
-	a.Log.Info("containerd config", "binary", a.ContainerdBinary, "major", a.ContainerdMajor, "sandbox", a.Config.SandboxImage)
+	snapshotter := "overlayfs"
+	if a.snapshotter != nil {
+		snapshotter = SharedSnapshotter
+	}
+	a.Log.Info("containerd config", "binary", a.ContainerdBinary, "major", a.ContainerdMajor, "sandbox", a.Config.SandboxImage,
+		"snapshotter", snapshotter)
 	return nil
 }
 

@@ -65,7 +65,11 @@ type Options struct {
 	// boots under it, else TCG), kvm (refused at start where it does not) or tcg.
 	Accel string
 	// TCGCacheMiB is each TCG node VM's translation cache (qemu tb-size); 0 is qemu's.
-	TCGCacheMiB    int64
+	TCGCacheMiB int64
+	// SharedLayers unpacks every image layer of the host registry once, on the host, and
+	// gives each node VM the unpacked layers read-only through virtio-fs; false leaves
+	// nodes pulling and unpacking every layer themselves.
+	SharedLayers   bool
 	MetricsAddress string
 	// FrontDoor is host:port of the one listener every tenant is reached
 	// through, by SNI; empty leaves each tenant on its own loopback port only.
@@ -289,7 +293,8 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		reg.MustRegister(door.Collector())
 	}
 	nodeServices, err := nodeservice.Start(ctx,
-		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, BootTimeout: v.NodeBootTimeout},
+		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, BootTimeout: v.NodeBootTimeout,
+			SharedLayers: v.SharedLayers, Executable: v.Executable},
 		nodeservice.Deps{Networks: nets, Plan: plan, Status: provider.ScaleStatus{Client: dyn}, Metrics: reg, Log: log})
 	if err != nil {
 		return err

@@ -31,6 +31,13 @@ var InitramfsModules = []string{
 	"virtio_net", "ext4",
 }
 
+// RootfsModules are modules the node agent loads from the root filesystem with modprobe
+// that the kernel must have, as modules or built in: overlay (containerd's snapshots),
+// br_netfilter (the pod bridge's netfilter sysctls) and virtiofs with fuse (the host's
+// read-only layer share, mounted when the VM has a virtio-fs device). The rootfs step
+// fails when one is missing, rather than a node finding out at boot.
+var RootfsModules = []string{"overlay", "br_netfilter", "fuse", "virtiofs"}
+
 // PackageRef is a Debian package at an exact version.
 type PackageRef struct {
 	Name    string `json:"name"`
@@ -70,6 +77,7 @@ type fingerprintInput struct {
 	Format           int      `json:"format"`
 	Spec             Spec     `json:"spec"`
 	InitramfsModules []string `json:"initramfsModules"`
+	RootfsModules    []string `json:"rootfsModules"`
 	InitScript       string   `json:"initScriptSHA256"`
 	Resolved         Resolved `json:"resolved"`
 }
@@ -77,12 +85,14 @@ type fingerprintInput struct {
 // Fingerprint is the sha256 (hex) over every input that changes the image: the completed
 // spec (including vcpu, memMiB and the sizes, which the manifest records), the resolved
 // package versions, the suite's release, tool versions, the hashes of extra files, the
-// initramfs module list and init script, and FormatVersion.
+// initramfs module list and init script, the modules the rootfs must have, and
+// FormatVersion.
 func Fingerprint(spec Spec, r Resolved) string {
 	return hashJSON(fingerprintInput{
 		Format:           FormatVersion,
 		Spec:             spec,
 		InitramfsModules: InitramfsModules,
+		RootfsModules:    RootfsModules,
 		InitScript:       sha256Hex([]byte(initScript)),
 		Resolved:         r,
 	})

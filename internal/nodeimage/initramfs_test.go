@@ -41,6 +41,21 @@ func TestModuleLoadOrder(t *testing.T) {
 			builtin: []string{"failover"},
 		},
 		{
+			name: "the modules the agent loads from the rootfs",
+			want: RootfsModules,
+			order: []string{
+				"kernel/fs/overlayfs/overlay.ko",
+				"kernel/net/llc/llc.ko",
+				"kernel/net/802/stp.ko",
+				"kernel/net/bridge/bridge.ko",
+				"kernel/net/bridge/br_netfilter.ko",
+				"kernel/fs/fuse/fuse.ko",
+				"kernel/drivers/virtio/virtio_ring.ko",
+				"kernel/drivers/virtio/virtio.ko",
+				"kernel/fs/fuse/virtiofs.ko",
+			},
+		},
+		{
 			name:    "dependencies first, dash and underscore alike",
 			want:    []string{"virtio-net"},
 			order:   []string{"kernel/drivers/net/net_failover.ko", "kernel/drivers/virtio/virtio_ring.ko", "kernel/drivers/virtio/virtio.ko", "kernel/drivers/net/virtio_net.ko"},

@@ -454,6 +454,9 @@ func stepRootfs(ctx context.Context, b *Build) error {
 	if _, err := r.run(ctx, false, "chroot", b.RootfsTree, "depmod", "-a", b.KernelRelease); err != nil {
 		return fmt.Errorf("depmod in the rootfs: %w", err)
 	}
+	if err := checkRootfsModules(b, filepath.Join(dstParent, b.KernelRelease)); err != nil {
+		return err
+	}
 
 	for _, f := range b.Resolved.ExtraFiles {
 		sum, _, err := sha256File(f.Host)
@@ -473,6 +476,21 @@ func stepRootfs(ctx context.Context, b *Build) error {
 		b.Progress(StepRootfs, "staged %s (%d bytes)", f.Guest, f.Size)
 	}
 	return checkInit(b.RootfsTree, b.Spec.Init)
+}
+
+// checkRootfsModules fails unless the kernel in the rootfs has every module of
+// RootfsModules (with its dependencies) or has it built in.
+func checkRootfsModules(b *Build, modDir string) error {
+	ix, err := loadModuleIndex(modDir)
+	if err != nil {
+		return err
+	}
+	order, builtin, err := ix.loadOrder(RootfsModules)
+	if err != nil {
+		return fmt.Errorf("the agent's modules: %w", err)
+	}
+	b.Progress(StepRootfs, "modules the agent loads: %s (built in: %s)", strings.Join(order, " "), strings.Join(builtin, " "))
+	return nil
 }
 
 // checkInit fails unless init resolves (following symlinks inside the tree) to an

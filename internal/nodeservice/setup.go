@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/socialweb-computer/socialweb/internal/images"
+	"github.com/socialweb-computer/socialweb/internal/layershare"
+	"github.com/socialweb-computer/socialweb/internal/layerstore"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
 	"github.com/socialweb-computer/socialweb/internal/podroutes"
@@ -40,7 +42,15 @@ type Config struct {
 	TCGCacheMiB int64
 	// BootTimeout is the Host's (0: the scale driver's defaults).
 	BootTimeout time.Duration
+	// SharedLayers prepares every registry image's layers under <StateDir>/layers and
+	// gives each node VM that store read-only (virtio-fs); Executable is the socialweb
+	// binary, re-run to start virtiofsd read-only.
+	SharedLayers bool
+	Executable   string
 }
+
+// LayersDir is the host layer store under a daemon's state dir.
+func LayersDir(stateDir string) string { return filepath.Join(stateDir, "layers") }
 
 // Deps are the daemon's collaborators the node machinery uses.
 type Deps struct {
@@ -70,7 +80,16 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 	// Built first and handed to both: the provider asks it for each booting node's
 	// identity, the Host registers each running cluster's minter in it.
 	joiners := &Joiners{}
-	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(cfg.StateDir, "nodes"), ImageDir: cfg.NodeImage, Verdict: cfg.Verdict, TCGCacheMiB: cfg.TCGCacheMiB},
+	var layers *layershare.Config
+	var store *layerstore.Store
+	if cfg.SharedLayers {
+		var err error
+		if store, err = layerstore.Open(LayersDir(cfg.StateDir)); err != nil {
+			return nil, err
+		}
+		layers = &layershare.Config{Dir: store.Dir(), Executable: cfg.Executable}
+	}
+	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(cfg.StateDir, "nodes"), ImageDir: cfg.NodeImage, Verdict: cfg.Verdict, TCGCacheMiB: cfg.TCGCacheMiB, Layers: layers},
 		qemu.Deps{Networks: deps.Networks, Joiner: joiners, Plan: deps.Plan, Log: log.With("component", "qemu")})
 	if err != nil {
 		return nil, fmt.Errorf("starting the node provider: %w", err)
@@ -85,6 +104,11 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 		return nil, fmt.Errorf("creating the registry dir: %w", err)
 	}
 	rs := &registry.Server{Dir: regDir, Logger: log.With("component", "registry")}
+	if store != nil {
+		if err := startPreparer(ctx, store, rs, deps); err != nil {
+			return nil, err
+		}
+	}
 	go seedImages(ctx, rs, log)
 	// qp itself, not a wrapper: the node services find its optional sides (Addresser,
 	// Diagnoser, EarlyBootWatcher, AcceleratorReporter) by type assertion.
@@ -93,6 +117,30 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 	nets := deps.Networks
 	host.PodRoutes = func(c Cluster) podroutes.Table { return clusterRoutes{nets, c.Minter.Plan} }
 	return host, nil
+}
+
+// startPreparer makes every image stored in rs from now on prepare its layers, and
+// queues those of the images already there that the store lacks (pushed before, or by
+// a process that did not prepare them, or that failed).
+func startPreparer(ctx context.Context, store *layerstore.Store, rs *registry.Server, deps Deps) error {
+	log := deps.Log.With("component", "layerstore")
+	prep, err := layerstore.NewPreparer(store, rs, layerstore.PreparerConfig{Log: log, Metrics: deps.Metrics})
+	if err != nil {
+		return err
+	}
+	if removed, err := store.Clean(); err != nil || len(removed) > 0 {
+		log.Info("removed unfinished layers of an earlier run", "dirs", removed, "err", err)
+	}
+	prep.Watch(rs)
+	prep.Start(ctx)
+	go func() {
+		n, err := prep.CatchUp(rs)
+		if err != nil {
+			log.Warn("some registry images could not be read for their layers; nodes pull those", "err", err)
+		}
+		log.Info("layer store ready", "dir", store.Dir(), "queued", n)
+	}()
+	return nil
 }
 
 // seedImages builds the pause and busybox images locally and loads them into

@@ -198,6 +198,7 @@ func (s *Server) Import(ctx context.Context, tarball io.Reader, refs ...string) 
 			if err != nil {
 				return out, fmt.Errorf("registry: tagging %s: %w", n, err)
 			}
+			s.stored(d)
 			out = append(out, reference{Name: n.Name, Tag: n.Tag, Digest: d}.String())
 			s.log.Info("image imported", "ref", n.String(), "digest", d)
 		}

@@ -29,6 +29,11 @@ type Server struct {
 	// when containerd sends them as ?ns= (localhost, 127.0.0.1 and ::1 always do): a
 	// reference to one of them is a local repository, not a mirrored one.
 	SelfHosts []string
+	// LayersStored, if set, is called with the layers of every image manifest stored
+	// (pushed, or loaded by Import; for an index, those of the manifests it lists that
+	// are here), once the manifest is in place. It runs in the storing goroutine: queue
+	// work, do not do it there (internal/layerstore's Preparer.Enqueue returns at once).
+	LayersStored func([]Layer)
 
 	once    sync.Once
 	initErr error
@@ -335,6 +340,7 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, name string, r
 			fail(w, err)
 			return
 		}
+		s.stored(digest)
 		w.Header().Set("Location", "/v2/"+rt.pathName+"/manifests/"+digest)
 		w.Header().Set("Docker-Content-Digest", digest)
 		w.Header().Set("Content-Length", "0")

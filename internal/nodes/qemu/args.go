@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/socialweb-computer/socialweb/internal/identity"
+	"github.com/socialweb-computer/socialweb/internal/layershare"
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 )
 
@@ -26,6 +27,9 @@ type launch struct {
 	MAC          string
 	Console      string // serial console file
 	QMP          string // QMP unix socket
+	// LayersSocket is virtiofsd's vhost-user socket for the shared layer store; "" for
+	// no virtio-fs device.
+	LayersSocket string
 }
 
 // args is qemu's argument list (without the binary). Device order matters: microvm puts
@@ -33,9 +37,15 @@ type launch struct {
 // disks in that order, so the root disk is /dev/vda and the identity disk /dev/vdb. The
 // serial numbers let a guest find them by role as well (/sys/block/vd*/serial).
 func (l launch) args() []string {
+	machine := "microvm"
+	if l.LayersSocket != "" {
+		// vhost-user devices need guest RAM the backend (virtiofsd) can map: a shared
+		// memfd as the machine's memory.
+		machine += ",memory-backend=mem"
+	}
 	a := []string{
 		"-name", "guest=" + l.Name,
-		"-M", "microvm",
+		"-M", machine,
 	}
 	if l.Accel == AccelKVM {
 		a = append(a, "-accel", "kvm", "-cpu", "host")
@@ -74,6 +84,19 @@ func (l launch) args() []string {
 		"-netdev", "tap,id=net0,ifname="+l.Tap+",script=no,downscript=no",
 		"-device", "virtio-net-device,netdev=net0,mac="+l.MAC,
 	)
+	if l.LayersSocket != "" {
+		// Last, after the disks and the NIC, so their virtio-mmio slots (and the guest's
+		// vda/vdb/vdc) stay where they were. microvm has no PCI: the mmio variant.
+		// virtio-mmio is legacy (virtio 0.9) by default, which virtiofsd's libvhost-user
+		// refuses ("virtio legacy devices aren't supported"): modern virtio-mmio for every
+		// device of the VM (the guest kernel drives both).
+		a = append(a,
+			"-global", "virtio-mmio.force-legacy=false",
+			"-object", "memory-backend-memfd,id=mem,share=on,size="+strconv.FormatInt(l.MemoryMiB, 10)+"M",
+			"-chardev", "socket,id=layers,path="+l.LayersSocket,
+			"-device", "vhost-user-fs-device,chardev=layers,tag="+layershare.Tag+",queue-size=1024",
+		)
+	}
 	return a
 }
 

@@ -115,6 +115,35 @@ func TestArgs(t *testing.T) {
 				t.Errorf("net device %q", devs[len(devs)-1])
 			}
 		}},
+		{"shared layers: virtio-fs on shared memory, after the disks and the NIC", func(l *launch) { l.LayersSocket = "virtiofs.sock" }, func(t *testing.T, a []string) {
+			if got := argAfter(a, "-M"); !slices.Equal(got, []string{"microvm,memory-backend=mem"}) {
+				t.Errorf("-M %v, want microvm,memory-backend=mem (vhost-user needs shared guest RAM)", got)
+			}
+			if got := argAfter(a, "-object"); !slices.Equal(got, []string{"memory-backend-memfd,id=mem,share=on,size=512M"}) {
+				t.Errorf("-object %v, want a shared memfd of the guest's 512M", got)
+			}
+			if got := argAfter(a, "-global"); !slices.Equal(got, []string{"virtio-mmio.force-legacy=false"}) {
+				t.Errorf("-global %v, want modern virtio-mmio (libvhost-user refuses legacy devices)", got)
+			}
+			if got := argAfter(a, "-chardev"); !slices.Equal(got, []string{"socket,id=layers,path=virtiofs.sock"}) {
+				t.Errorf("-chardev %v", got)
+			}
+			devs := argAfter(a, "-device")
+			if len(devs) != 4 || !strings.Contains(devs[0], "drive=root") || !strings.HasPrefix(devs[2], "virtio-net-device") ||
+				devs[3] != "vhost-user-fs-device,chardev=layers,tag=socialweb-layers,queue-size=1024" {
+				t.Errorf("devices %v: want root, identity, net, then the virtio-fs device tagged socialweb-layers", devs)
+			}
+		}},
+		{"no shared layers: no virtio-fs, no shared memory", nil, func(t *testing.T, a []string) {
+			for _, f := range []string{"-object", "-chardev", "-global"} {
+				if got := argAfter(a, f); len(got) != 0 {
+					t.Errorf("%s %v without shared layers", f, got)
+				}
+			}
+			if strings.Contains(strings.Join(a, " "), "vhost-user") || strings.Contains(strings.Join(a, " "), "memory-backend") {
+				t.Errorf("a virtio-fs device or memory backend without shared layers: %v", a)
+			}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := base

@@ -106,6 +106,12 @@ func (p *Provider) checkCapacity(req nodes.NodeRequest) error {
 		if in.rec.Process != nil && in.alive() {
 			commit -= rssMiB(in.rec.Process.PID)
 		}
+		if in.rec.LayersDir != "" {
+			commit += virtiofsdOverheadMiB
+			if in.rec.Virtiofsd != nil && in.virtiofsdAlive() {
+				commit -= rssMiB(in.rec.Virtiofsd.PID)
+			}
+		}
 		u.memFreeMiB -= max(commit, 0)
 		if in.creating && in.rec.Process == nil {
 			// Not cloned or made yet, or only just: count the whole of both disks.
@@ -115,6 +121,9 @@ func (p *Provider) checkCapacity(req nodes.NodeRequest) error {
 		u.diskFreeMiB -= (unallocatedBytes(filepath.Join(in.dir, fileRootfs)) + unallocatedBytes(filepath.Join(in.dir, fileData))) >> 20
 	}
 	needMem := req.MemoryMiB + vmmOverheadMiB(p.accel, p.cfg.TCGCacheMiB)
+	if p.cfg.Layers != nil {
+		needMem += virtiofsdOverheadMiB
+	}
 	needDisk := p.image.Files[nodeimage.FileRootfs].Size>>20 + req.DiskMiB
 	var why []string
 	if needMem > u.memFreeMiB {

@@ -35,6 +35,9 @@ type instance struct {
 	started  time.Time     // when our child was started
 	exitedAt time.Time
 
+	vproc *os.Process   // our virtiofsd child (nil when adopted or without shared layers)
+	vdone chan struct{} // closed once it has been reaped
+
 	progressed bool   // its console showed kernel progress (see EarlyBootStall)
 	stalled    string // why it is stuck in early boot; "" if it is not (known to be)
 }
@@ -216,6 +219,7 @@ func (p *Provider) reserve(req nodes.NodeRequest, plan nodenet.Plan) (*instance,
 		ImageDir:    p.imageDir,
 		Accel:       p.accel,
 		TCGCacheMiB: p.cfg.TCGCacheMiB,
+		LayersDir:   p.layersDir(),
 		Created:     p.now(),
 	}}
 	p.insts[req.Name] = inst
@@ -295,13 +299,36 @@ func (p *Provider) launchFor(inst *instance) launch {
 		MAC:          r.MAC,
 		Console:      filepath.Join(inst.dir, fileConsole),
 		QMP:          sockName, // relative to qemu's working directory, the node dir
+		LayersSocket: layersSocket(r),
 	}
+}
+
+// layersSocket is the virtiofsd socket a VM's qemu connects to, relative to the node dir;
+// "" when the VM has no shared layers.
+func layersSocket(r record) string {
+	if r.LayersDir == "" {
+		return ""
+	}
+	return sockVirtiofs
+}
+
+func (p *Provider) layersDir() string {
+	if p.cfg.Layers == nil {
+		return ""
+	}
+	return p.cfg.Layers.Dir
 }
 
 // start launches qemu in its own session (a terminal's signals to the daemon do not
 // reach it, and it outlives a daemon restart: see Recover), records its identity, and
 // reaps it in the background.
 func (p *Provider) start(inst *instance, l launch) error {
+	if l.LayersSocket != "" {
+		// First: qemu connects to its socket as it starts, and fails without it.
+		if err := p.startVirtiofsd(inst); err != nil {
+			return fmt.Errorf("starting virtiofsd for the shared layers: %w", err)
+		}
+	}
 	logf, err := os.OpenFile(filepath.Join(inst.dir, fileQemuLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -377,6 +404,10 @@ func (p *Provider) undoCreate(inst *instance, tapAdded bool) {
 	if inst.proc != nil {
 		_ = inst.proc.Kill()
 		<-inst.done
+	}
+	if inst.vproc != nil {
+		_ = inst.vproc.Kill()
+		<-inst.vdone
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

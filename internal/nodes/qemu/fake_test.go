@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/socialweb-computer/socialweb/internal/identity"
+	"github.com/socialweb-computer/socialweb/internal/layershare"
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
@@ -32,6 +33,11 @@ import (
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "-name" {
 		os.Exit(fakeQemu(os.Args[1:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == layershare.WrapperCommand {
+		// The live test's virtiofsd wrapper, as the socialweb binary is in production.
+		fmt.Fprintln(os.Stderr, layershare.Main(os.Args[2:]))
+		os.Exit(111)
 	}
 	os.Exit(m.Run())
 }

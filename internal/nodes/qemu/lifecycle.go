@@ -158,10 +158,18 @@ func (p *Provider) keepConsole(inst *instance) {
 	}
 }
 
-// stop asks the guest to power off, waits up to StopGrace (less if ctx ends sooner),
+// stop stops the VM's qemu (stopQemu), then its virtiofsd, if it has one.
+func (p *Provider) stop(ctx context.Context, inst *instance) error {
+	if err := p.stopQemu(ctx, inst); err != nil {
+		return err
+	}
+	return p.stopVirtiofsd(inst)
+}
+
+// stopQemu asks the guest to power off, waits up to StopGrace (less if ctx ends sooner),
 // then terminates and finally kills qemu. Signals go only to the recorded process: to our
 // child through its os.Process, to an adopted one after checking its identity.
-func (p *Provider) stop(ctx context.Context, inst *instance) error {
+func (p *Provider) stopQemu(ctx context.Context, inst *instance) error {
 	if !p.aliveLocked(inst) {
 		return nil
 	}
@@ -346,7 +354,8 @@ type RecoverResult struct {
 //     is removed (Removed).
 //
 // Any other qemu process whose console file lies in the state dir (started by a Create that
-// crashed before recording it) is killed, so no qemu and no tap outlives its record.
+// crashed before recording it) is killed, so no qemu and no tap outlives its record; so is
+// any virtiofsd serving a node of the state dir that no adopted record names.
 //
 // Why adopt rather than kill: nodes are cattle, but a daemon restart (an upgrade, a
 // crash) is not a reason to kill the jobs running on a tenant's nodes, and the VM the
@@ -400,6 +409,10 @@ func (p *Provider) Recover(ctx context.Context) (RecoverResult, error) {
 			inst.adopted = true
 			adopt[name] = inst
 			keepIDs = append(keepIDs, *rec.Process)
+			if rec.Virtiofsd != nil {
+				// It serves the adopted VM's layer share: the VM keeps it.
+				keepIDs = append(keepIDs, *rec.Virtiofsd)
+			}
 			continue
 		}
 		if rec.Process != nil {
@@ -461,13 +474,13 @@ func (p *Provider) killOrphans(keep []supervisor.Identity) ([]int, error) {
 			continue
 		}
 		id, err := supervisor.Observe(pid)
-		if err != nil || !usesStateDir(id.Cmdline, p.cfg.StateDir) {
+		if err != nil || !usesStateDir(id.Cmdline, p.cfg.StateDir) && !ownedVirtiofsd(pid, p.cfg.StateDir) {
 			continue
 		}
 		if slices.ContainsFunc(keep, id.Same) {
 			continue
 		}
-		p.log.Warn("killing a qemu process no node record names", "pid", pid, "cmdline", strings.Join(id.Cmdline, " "))
+		p.log.Warn("killing a qemu or virtiofsd process no node record names", "pid", pid, "cmdline", strings.Join(id.Cmdline, " "))
 		inst := &instance{rec: record{Process: &id}}
 		p.signal(inst, syscall.SIGTERM)
 		if !p.waitGone(inst, 3*time.Second) {

@@ -71,6 +71,12 @@ while :; do sleep 3600; done
 // use the shared layer cache, as nodeimage's own boot test does.
 func liveImage(t *testing.T, tmp string) string {
 	t.Helper()
+	return liveImageWithInit(t, tmp, liveInit)
+}
+
+// liveImageWithInit is liveImage with another init script.
+func liveImageWithInit(t *testing.T, tmp, liveInit string) string {
+	t.Helper()
 	if err := nodeimage.CheckTools(nil, nodeimage.BuildTools...); err != nil {
 		livetest.Skip(t, "building the test node image: "+err.Error())
 	}

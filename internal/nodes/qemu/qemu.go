@@ -12,6 +12,9 @@
 //	<state>/<node>/console.log     the guest's serial console
 //	<state>/<node>/qemu.log        qemu's own stdout and stderr
 //	<state>/<node>/qmp.sock        qemu's QMP socket (Delete asks for system_powerdown there)
+//	<state>/<node>/virtiofs.sock   with Config.Layers: the vhost-user socket of the node's
+//	                               virtiofsd, which serves the layer store read-only
+//	<state>/<node>/virtiofsd.log   its output
 //	<state>/.lock                  held by the Provider (one daemon per state dir)
 //
 // qemu processes are not children that die with the daemon: a daemon restart finds them
@@ -36,6 +39,7 @@ import (
 	"time"
 
 	"github.com/socialweb-computer/socialweb/internal/identity"
+	"github.com/socialweb-computer/socialweb/internal/layershare"
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
@@ -118,6 +122,9 @@ type Config struct {
 	// ConsolesKept is how many deleted nodes' serial console logs stay in
 	// <StateDir>/consoles/<node>.log, the oldest removed first (default 50; -1 keeps none).
 	ConsolesKept int
+	// Layers, if set, gives every new VM the host layer store, read-only, as virtio-fs
+	// (tag layershare.Tag), served by a virtiofsd of its own; nil attaches nothing.
+	Layers *layershare.Config
 }
 
 // Networks is the part of nodenet.Manager the provider uses. The cluster's bridge must
@@ -266,6 +273,13 @@ func newProvider(cfg Config, deps Deps, h host) (*Provider, error) {
 	}
 	if err := checkStateDir(&p.cfg); err != nil {
 		errs = append(errs, err)
+	}
+	if p.cfg.Layers != nil {
+		l := *p.cfg.Layers
+		if err := l.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+		p.cfg.Layers = &l
 	}
 	if len(errs) == 0 {
 		v, err := resolveAccel(cfg, h)

@@ -21,6 +21,10 @@ const (
 	fileData     = "data.ext4" // the container-storage disk (NodeRequest.DiskMiB), sparse
 	fileConsole  = "console.log"
 	fileQemuLog  = "qemu.log"
+	// fileVirtiofsLog and sockVirtiofs are the shared layer store's virtiofsd's output and
+	// vhost-user socket (relative to the node dir, like the QMP socket).
+	fileVirtiofsLog = "virtiofsd.log"
+	sockVirtiofs    = "virtiofs.sock"
 
 	// dirConsoles, under the state dir, keeps deleted nodes' console logs.
 	dirConsoles = "consoles"
@@ -47,6 +51,11 @@ type record struct {
 	Created     time.Time `json:"created"`
 	// Process is qemu's identity (pid + start time + cmdline); nil until qemu started.
 	Process *supervisor.Identity `json:"process,omitempty"`
+	// LayersDir is the layer store shared with the VM through virtio-fs; "" for none.
+	LayersDir string `json:"layersDir,omitempty"`
+	// Virtiofsd is the identity of the virtiofsd serving LayersDir to this VM; nil until
+	// it started. It lives and dies with qemu.
+	Virtiofsd *supervisor.Identity `json:"virtiofsd,omitempty"`
 }
 
 // writeRecord replaces dir/instance.json atomically (write, fsync, rename, fsync dir).
