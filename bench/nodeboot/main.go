@@ -25,7 +25,10 @@
 // each row then also has the Pod's image pull time, and the run prints the bytes the
 // host sent over the cluster bridge and received on its other interfaces meanwhile.
 //
-//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi] [-large 1024] [-timeout 20m] [-tcg-cache-mib 128]
+// With -shared-layers=false the daemon gives nodes no shared layer store: every layer is
+// pulled and unpacked in the guest (the cold path bench/sharedlayers.sh compares with).
+//
+//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi] [-large 1024] [-timeout 20m] [-tcg-cache-mib 128] [-shared-layers=false]
 package main
 
 import (
@@ -64,6 +67,7 @@ func main() {
 	largeMiB := flag.Int("large", 0, "run a locally built image of this many MiB (0: busybox)")
 	timeout := flag.Duration("timeout", 20*time.Minute, "how long a run may wait for its Pods to run")
 	tcgCache := flag.Int64("tcg-cache-mib", 0, "the daemon's --tcg-cache-mib (TCG translation cache per VM; 0: the daemon's default)")
+	shared := flag.Bool("shared-layers", true, "the daemon's and image push's --shared-layers (layers unpacked on the host and shared with nodes; false: nodes pull)")
 	flag.Parse()
 	if *image == "" {
 		log.Fatal("-image is required")
@@ -80,14 +84,14 @@ func main() {
 			log.Fatalf("building the %d MiB image: %v", *largeMiB, err)
 		}
 		podImage = images.LargeRef(*largeMiB)
-		if out, err := exec.Command(*bin, "image", "push", tarPath, "--state-dir", state).CombinedOutput(); err != nil {
+		if out, err := exec.Command(*bin, "image", "push", tarPath, "--state-dir", state, "--shared-layers="+strconv.FormatBool(*shared)).CombinedOutput(); err != nil {
 			log.Fatalf("image push: %v\n%s", err, out)
 		}
 	}
 	apiPort, lo := freePort(), freePort()
 	daemon := exec.Command(*bin, "serve", "--state-dir", state, "--node-image", *image,
 		"--api-port", strconv.Itoa(apiPort), "--port-range", fmt.Sprintf("%d-%d", lo, lo),
-		"--network-range", "180-189", "--metrics-address", "")
+		"--network-range", "180-189", "--metrics-address", "", "--shared-layers="+strconv.FormatBool(*shared))
 	if *tcgCache > 0 {
 		daemon.Args = append(daemon.Args, "--tcg-cache-mib", strconv.FormatInt(*tcgCache, 10))
 	}
@@ -148,7 +152,7 @@ func main() {
 	if *tcgCache > 0 {
 		cache = fmt.Sprintf("TCG translation cache %d MiB", *tcgCache)
 	}
-	fmt.Printf("%d Pod(s) per run, node size 1 vCPU / %s, %s, %s, image %s\n\n", *pods, *memory, accel, cache, podImage)
+	fmt.Printf("%d Pod(s) per run, node size 1 vCPU / %s, %s, %s, image %s, shared layers %v\n\n", *pods, *memory, accel, cache, podImage, *shared)
 	fmt.Printf("| run | node | Pod->VMM start | kernel init (guest) | agent up (guest) | Pod->registered | Pod->Node Ready | Pod->Pod Running | image pull | qemu RSS | idle qemu CPU |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	var rows [][]float64
 	var summary []string
