@@ -29,15 +29,21 @@ const (
 	// the ginkgo library e2e.test links, so the two speak the same protocol.
 	ginkgoModule = "github.com/onsi/ginkgo/v2"
 	ginkgoCLI    = ginkgoModule + "/ginkgo"
+	// The Aggregator test's images: the sample apiserver (the staging module of this
+	// Kubernetes version; its main package) and the etcd beside it in the same Pod
+	// (etcd's server module is the `etcd` binary; at the version the module graph
+	// already selects: kine and k8s.io/kubernetes require it).
+	sampleAPIServerModule = "k8s.io/sample-apiserver"
+	etcdModule            = "go.etcd.io/etcd/server/v3"
 )
 
 // binRecipe changes whenever goBuild builds differently, so older cached builds are not
 // reused.
-const binRecipe = 4
+const binRecipe = 5
 
-// goBuild builds the e2e suite, agnhost and kubectl with a copy of this module's
-// go.mod and go.sum (-modfile), so the repository's own files are never edited: e2e
-// imports modules (ginkgo, gomega...) that socialweb itself does not require.
+// goBuild builds the e2e suite, kubectl and the test images' programs with a copy of
+// this module's go.mod and go.sum (-modfile), so the repository's own files are never
+// edited: e2e imports modules (ginkgo, gomega...) that socialweb itself does not require.
 type goBuild struct {
 	goCmd     string // the go command
 	moduleDir string // root of this module (its go.mod)
@@ -55,6 +61,10 @@ type binaries struct {
 	Kubectl     string `json:"kubectl"`
 	NNP         string `json:"nnp"` // the nonewprivs image's program
 	Ginkgo      string `json:"ginkgo"`
+	// The sample-apiserver and etcd images' programs, and etcd's module version.
+	SampleAPIServer string `json:"sampleAPIServer"`
+	Etcd            string `json:"etcd"`
+	EtcdVersion     string `json:"etcdVersion"`
 	// Seconds each took to build (when this run built them).
 	Took map[string]float64 `json:"took,omitempty"`
 }
@@ -95,8 +105,9 @@ func (b goBuild) goRun(ctx context.Context, args ...string) (string, error) {
 }
 
 // modfile returns the path of a go.mod copy that also requires what the e2e suite,
-// agnhost and kubectl import at kver, made with `go get -modfile` once per content of
-// go.mod and go.sum (and kept, so later runs need no network).
+// agnhost, kubectl, the ginkgo CLI, sample-apiserver and etcd import at kver, made with
+// `go get -modfile` once per content of go.mod and go.sum (and kept, so later runs need
+// no network).
 func (b goBuild) modfile(ctx context.Context, kver, goVersion string) (string, error) {
 	mod, err := os.ReadFile(filepath.Join(b.moduleDir, "go.mod"))
 	if err != nil {
@@ -145,6 +156,23 @@ func (b goBuild) modfile(ctx context.Context, kver, goVersion string) (string, e
 	if _, err := b.goRun(ctx, "get", "-modfile="+file, ginkgoCLI+"@"+strings.TrimSpace(gv)); err != nil {
 		return "", err
 	}
+	// The sample apiserver of this Kubernetes (go.mod replaces the staging modules with
+	// their release, so this is the version that is built), and etcd's server at the
+	// version the graph already has, so neither moves anything e2e.test links.
+	sver, err := stagingVersion(kver)
+	if err != nil {
+		return "", err
+	}
+	ev, err := b.goRun(ctx, "list", "-modfile="+file, "-m", "-f", "{{.Version}}", etcdModule)
+	if err != nil {
+		return "", err
+	}
+	if _, err := b.goRun(ctx, "get", "-modfile="+file, sampleAPIServerModule+"@"+sver, etcdModule+"@"+strings.TrimSpace(ev)); err != nil {
+		return "", err
+	}
+	if got, err := b.moduleVersion(ctx, file, sampleAPIServerModule); err != nil || got != sver {
+		return "", fmt.Errorf("modfile %s: %s resolves to %q, want %s (%v)", file, sampleAPIServerModule, got, sver, err)
+	}
 	if got, err := b.goRun(ctx, "list", "-modfile="+file, "-m", "-f", "{{.Version}}", "k8s.io/kubernetes"); err != nil || strings.TrimSpace(got) != kver {
 		return "", fmt.Errorf("modfile %s: go get moved k8s.io/kubernetes from %s to %q (%v)", file, kver, strings.TrimSpace(got), err)
 	}
@@ -155,10 +183,27 @@ func (b goBuild) modfile(ctx context.Context, kver, goVersion string) (string, e
 	return file, nil
 }
 
-// build returns the e2e suite, agnhost and kubectl of the k8s.io/kubernetes version in
-// go.mod, building them unless the cache holds a build of the same inputs (the
-// Kubernetes version, the Go version, the modfile and its go.sum, the flags and this
-// recipe).
+// moduleVersion is the version of module the modfile builds: its replacement's when go.mod
+// replaces it.
+func (b goBuild) moduleVersion(ctx context.Context, file, module string) (string, error) {
+	out, err := b.goRun(ctx, "list", "-modfile="+file, "-m", "-f", "{{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}", module)
+	return strings.TrimSpace(out), err
+}
+
+// stagingVersion is the version of the k8s.io staging modules (k8s.io/apiserver,
+// k8s.io/sample-apiserver...) released with Kubernetes kver: v1.37.2 -> v0.37.2.
+func stagingVersion(kver string) (string, error) {
+	rest, ok := strings.CutPrefix(kver, "v1.")
+	if !ok || rest == "" {
+		return "", fmt.Errorf("kubernetes version %q: want v1.MINOR.PATCH", kver)
+	}
+	return "v0." + rest, nil
+}
+
+// build returns the binaries of buildSteps at the k8s.io/kubernetes version in go.mod,
+// building them unless the cache holds a build of the same inputs (the Kubernetes
+// version, the Go version, the modfile and its go.sum, each step's package and flags,
+// the environment and this recipe).
 func (b goBuild) build(ctx context.Context) (binaries, error) {
 	out, err := b.goRun(ctx, "list", "-m", "-f", "{{.Version}}", "k8s.io/kubernetes")
 	if err != nil {
@@ -187,12 +232,19 @@ func (b goBuild) build(ctx context.Context) (binaries, error) {
 		return binaries{}, err
 	}
 	ldflags := "-s -w " + ld
-	key := hash(fmt.Sprint(binRecipe), kver, goVersion, runtime.GOARCH, string(mod), string(sum), ldflags, strings.Join(pinnedEnv(), " "))[:16]
+	ev, err := b.moduleVersion(ctx, file, etcdModule)
+	if err != nil {
+		return binaries{}, err
+	}
+	steps := buildSteps(ldflags)
+	// Every input of the output: the steps carry each binary's package and flags.
+	key := hash(fmt.Sprint(binRecipe), kver, goVersion, runtime.GOARCH, string(mod), string(sum), fmt.Sprint(steps), strings.Join(pinnedEnv(), " "))[:16]
 	dir := filepath.Join(b.cacheDir, "bin-"+kver+"-"+key)
 	rec := filepath.Join(dir, "build.json")
 	res := binaries{KubeVersion: kver, GoVersion: goVersion, Key: key,
 		E2E: filepath.Join(dir, "e2e.test"), Agnhost: filepath.Join(dir, "agnhost"), Kubectl: filepath.Join(dir, "kubectl"),
-		NNP: filepath.Join(dir, "nnp"), Ginkgo: filepath.Join(dir, "ginkgo")}
+		NNP: filepath.Join(dir, "nnp"), Ginkgo: filepath.Join(dir, "ginkgo"),
+		SampleAPIServer: filepath.Join(dir, "sample-apiserver"), Etcd: filepath.Join(dir, "etcd"), EtcdVersion: ev}
 	if complete(rec, res) {
 		b.log.Info("e2e binaries cached", "dir", dir, "kubernetes", kver, "go", goVersion)
 		return res, nil
@@ -215,30 +267,19 @@ func (b goBuild) build(ctx context.Context) (binaries, error) {
 	defer os.RemoveAll(tmp)
 	res.Took = map[string]float64{}
 	b.log.Info("building the e2e binaries; with a cold Go build cache the suite compiles for tens of minutes on 2 cores", "dir", dir)
-	steps := []struct {
-		name string
-		args []string
-	}{
-		// e2e.test first: it compiles nearly everything the other two need.
-		{"e2e.test", []string{"test", "-c", "-vet=off", "-modfile=" + file, "-ldflags", ldflags, "-o", filepath.Join(tmp, "e2e.test"), e2ePackage}},
-		{"agnhost", []string{"build", "-modfile=" + file, "-ldflags", ldflags, "-o", filepath.Join(tmp, "agnhost"), agnhostPackage}},
-		{"kubectl", []string{"build", "-modfile=" + file, "-ldflags", ldflags, "-o", filepath.Join(tmp, "kubectl"), kubectlPackage}},
-		{"nnp", []string{"build", "-modfile=" + file, "-ldflags", ldflags, "-o", filepath.Join(tmp, "nnp"), nnpPackage}},
-		{"ginkgo", []string{"build", "-modfile=" + file, "-ldflags", "-s -w", "-o", filepath.Join(tmp, "ginkgo"), ginkgoCLI}},
-	}
 	for _, s := range steps {
 		t0 := time.Now()
 		b.log.Info("building", "binary", s.name, "kubernetes", kver, "go", goVersion)
-		if _, err := b.goRun(ctx, s.args...); err != nil {
+		if _, err := b.goRun(ctx, s.args(file, filepath.Join(tmp, s.name))...); err != nil {
 			return res, fmt.Errorf("building %s: %w", s.name, err)
 		}
 		res.Took[s.name] = time.Since(t0).Seconds()
 		b.log.Info("built", "binary", s.name, "took", time.Since(t0).Round(time.Second))
-	}
-	// agnhost and nnp run in test images, whose libc is not the host's.
-	for _, n := range []string{"agnhost", "nnp"} {
-		if err := guestbuild.CheckStatic(filepath.Join(tmp, n)); err != nil {
-			return res, err
+		// Programs of test images run on the image's libc, or on none.
+		if s.static {
+			if err := guestbuild.CheckStatic(filepath.Join(tmp, s.name)); err != nil {
+				return res, err
+			}
 		}
 	}
 	rb, _ := json.MarshalIndent(res, "", "  ")
@@ -254,6 +295,39 @@ func (b goBuild) build(ctx context.Context) (binaries, error) {
 	return res, nil
 }
 
+// buildStep is one binary: `go test -c` of a package's tests or `go build` of a main
+// package, with ldflags. Its fields are part of the cache key.
+type buildStep struct {
+	name    string // the output's file name
+	pkg     string
+	test    bool
+	ldflags string
+	static  bool // runs in a test image: checked to need no libc
+}
+
+func (s buildStep) args(modfile, out string) []string {
+	if s.test {
+		return []string{"test", "-c", "-vet=off", "-modfile=" + modfile, "-ldflags", s.ldflags, "-o", out, s.pkg}
+	}
+	return []string{"build", "-modfile=" + modfile, "-ldflags", s.ldflags, "-o", out, s.pkg}
+}
+
+// buildSteps are the binaries build makes, in order; kubeLD are the linker flags of the
+// Kubernetes programs (their version).
+func buildSteps(kubeLD string) []buildStep {
+	return []buildStep{
+		// e2e.test first: it compiles nearly everything the others need.
+		{name: "e2e.test", pkg: e2ePackage, test: true, ldflags: kubeLD},
+		{name: "agnhost", pkg: agnhostPackage, ldflags: kubeLD, static: true},
+		{name: "kubectl", pkg: kubectlPackage, ldflags: kubeLD},
+		{name: "nnp", pkg: nnpPackage, ldflags: kubeLD, static: true},
+		{name: "ginkgo", pkg: ginkgoCLI, ldflags: "-s -w"},
+		// The sample apiserver reports this Kubernetes' version, as a staging build does.
+		{name: "sample-apiserver", pkg: sampleAPIServerModule, ldflags: kubeLD, static: true},
+		{name: "etcd", pkg: etcdModule, ldflags: "-s -w", static: true},
+	}
+}
+
 // complete says whether a cached build's record and binaries are all there.
 func complete(rec string, res binaries) bool {
 	var got binaries
@@ -261,7 +335,7 @@ func complete(rec string, res binaries) bool {
 	if err != nil || json.Unmarshal(b, &got) != nil || got.Key != res.Key {
 		return false
 	}
-	for _, p := range []string{res.E2E, res.Agnhost, res.Kubectl, res.NNP, res.Ginkgo} {
+	for _, p := range []string{res.E2E, res.Agnhost, res.Kubectl, res.NNP, res.Ginkgo, res.SampleAPIServer, res.Etcd} {
 		if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
 			return false
 		}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/socialweb-computer/socialweb/internal/images"
 )
 
 // A report shaped as e2e.test writes it (ginkgo's JUnit reporter: "[It] " names,
@@ -84,8 +86,9 @@ func TestSelection(t *testing.T) {
 		if got := re.MatchString(webhook); got != tc.nodeTestsSkips {
 			t.Errorf("%+v: skips the webhook test = %v, want %v", tc.c, got, tc.nodeTestsSkips)
 		}
-		if !re.MatchString("[sig-api-machinery] Aggregator Should be able to support the 1.17 Sample API Server using the current Aggregator [Conformance]") {
-			t.Errorf("%+v: the test needing sample-apiserver is not skipped", tc.c)
+		// Its sample-apiserver and etcd images are built here.
+		if re.MatchString("[sig-api-machinery] Aggregator Should be able to support the 1.17 Sample API Server using the current Aggregator [LinuxOnly] [Conformance]") {
+			t.Errorf("%+v: the Aggregator test is skipped", tc.c)
 		}
 		if !re.MatchString("[sig-node] Pods should do something [Serial] [Conformance]") {
 			t.Errorf("%+v: a [Serial] test is not skipped", tc.c)
@@ -177,7 +180,71 @@ func TestPlaceholder(t *testing.T) {
 	if len(aa) != 1 || aa[0].TopologyKey != "kubernetes.io/hostname" || aa[0].LabelSelector.MatchLabels["app"] != d.Spec.Template.Labels["app"] {
 		t.Fatalf("anti-affinity: %+v", aa)
 	}
+	if ic := d.Spec.Template.Spec.InitContainers; len(ic) != len(prepulled()) || ic[0].Image != agnhostRef || ic[0].Command[0] != "/bin/sh" {
+		t.Fatalf("init containers (the prepull): %+v", ic)
+	}
 	if c := d.Spec.Template.Spec.Containers[0]; c.Image != sandboxImage() || len(c.Resources.Requests) != 0 {
 		t.Fatalf("container: %+v", c)
+	}
+}
+
+func TestStagingVersion(t *testing.T) {
+	for _, tc := range []struct {
+		kver, want string
+		ok         bool
+	}{
+		{"v1.37.2", "v0.37.2", true},
+		{"v1.38.0-rc.1", "v0.38.0-rc.1", true},
+		{"v2.0.0", "", false},
+		{"v1.", "", false},
+	} {
+		got, err := stagingVersion(tc.kver)
+		if got != tc.want || (err == nil) != tc.ok {
+			t.Errorf("stagingVersion(%q) = %q, %v; want %q, ok %v", tc.kver, got, err, tc.want, tc.ok)
+		}
+	}
+}
+
+// The images' programs are built, static, and each image runs its program the way the
+// Aggregator test asks: sample-apiserver as the entrypoint (the test gives arguments
+// only), etcd at /usr/local/bin/etcd (the test gives the command).
+func TestAggregatorImages(t *testing.T) {
+	bins := binaries{KubeVersion: "v1.37.2", SampleAPIServer: "/b/sample-apiserver", Etcd: "/b/etcd", EtcdVersion: "v3.7.3"}
+	steps := map[string]buildStep{}
+	for _, s := range buildSteps("-X v") {
+		if _, dup := steps[s.name]; dup {
+			t.Fatalf("two steps build %s", s.name)
+		}
+		steps[s.name] = s
+	}
+	for _, tc := range []struct {
+		spec       images.DebianSpec
+		ref        string
+		step, path string
+		entrypoint []string
+	}{
+		{sampleAPIServerSpec(bins), "registry.k8s.io/e2e-test-images/sample-apiserver:1.29.2", "sample-apiserver", "sample-apiserver", []string{"/sample-apiserver"}},
+		{etcdSpec(bins), "registry.k8s.io/etcd:3.7.0-0", "etcd", "usr/local/bin/etcd", nil},
+	} {
+		t.Run(tc.step, func(t *testing.T) {
+			if s, ok := steps[tc.step]; !ok || !s.static {
+				t.Errorf("step %s: %+v, present %v; want a static build", tc.step, s, ok)
+			}
+			if !slices.Equal(tc.spec.Refs, []string{tc.ref}) || !tc.spec.Scratch {
+				t.Errorf("refs %v scratch %v; want [%s], scratch", tc.spec.Refs, tc.spec.Scratch, tc.ref)
+			}
+			if !slices.Equal(tc.spec.Entrypoint, tc.entrypoint) {
+				t.Errorf("entrypoint %v, want %v", tc.spec.Entrypoint, tc.entrypoint)
+			}
+			i := slices.IndexFunc(tc.spec.Files, func(f images.File) bool { return f.Path == tc.path })
+			if i < 0 || tc.spec.Files[i].HostPath != "/b/"+tc.step || tc.spec.Files[i].Mode&0o111 == 0 {
+				t.Errorf("files %+v: want /%s, executable, from /b/%s", tc.spec.Files, tc.path, tc.step)
+			}
+		})
+	}
+	for _, m := range missingImages() {
+		if m.ref == sampleAPIServerRef || m.ref == etcdRef {
+			t.Errorf("%s is built but listed as missing", m.ref)
+		}
 	}
 }

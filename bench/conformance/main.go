@@ -2,10 +2,13 @@
 // cluster of a fresh daemon (issue 14, part 2).
 //
 // It builds, from the k8s.io/kubernetes module at the version go.mod pins, e2e.test,
-// agnhost, nnp and kubectl (go test -c / go build with a copy of go.mod and go.sum, so the
-// repository's own are never edited), and the test images the in-focus tests pull:
-// agnhost, glibc-dns-testing and nginx as Debian images (internal/images.Debian), agnhost's
-// with the Go-built agnhost, nonewprivs as nnp alone, busybox and pause as socialweb's own. Binaries and images are cached by a fingerprint of their inputs
+// agnhost, nnp and kubectl, and sample-apiserver (k8s.io/sample-apiserver of that release)
+// and etcd (go.etcd.io/etcd/server/v3 as the module graph has it) (go test -c / go build
+// with a copy of go.mod and go.sum, so the repository's own are never edited), and the
+// test images the in-focus tests pull: agnhost, glibc-dns-testing and nginx as Debian
+// images (internal/images.Debian), agnhost's with the Go-built agnhost, nonewprivs,
+// sample-apiserver and etcd as their static program alone, busybox and pause as
+// socialweb's own. Binaries and images are cached by a fingerprint of their inputs
 // (<cache>/socialweb/conformance, <cache>/socialweb/images-oci), so a second run builds
 // nothing. Then it pushes the images into the host registry of a new state dir under the
 // names the suite asks for, starts `socialweb serve` there, creates a cluster, runs
@@ -197,7 +200,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		<-others
 		return err
 	}
-	imgs, err := buildImages(ctx, []images.DebianSpec{agnhostSpec(bins, kubeDir), nonewprivsSpec(bins)}, false, opts, log)
+	imgs, err := buildImages(ctx, []images.DebianSpec{agnhostSpec(bins, kubeDir), nonewprivsSpec(bins), sampleAPIServerSpec(bins), etcdSpec(bins)}, false, opts, log)
 	if err != nil {
 		cancel()
 		<-others
@@ -209,7 +212,8 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	}
 	imgs = append(imgs, o.imgs...)
 	if c.buildOnly {
-		fmt.Printf("e2e.test %s\nagnhost  %s\nkubectl  %s\nnnp      %s\nginkgo   %s\n", bins.E2E, bins.Agnhost, bins.Kubectl, bins.NNP, bins.Ginkgo)
+		fmt.Printf("e2e.test %s\nagnhost  %s\nkubectl  %s\nnnp      %s\nginkgo   %s\nsample-apiserver %s\netcd     %s (%s)\n",
+			bins.E2E, bins.Agnhost, bins.Kubectl, bins.NNP, bins.Ginkgo, bins.SampleAPIServer, bins.Etcd, bins.EtcdVersion)
 		for _, im := range imgs {
 			fmt.Printf("image    %s %s %v\n", im.tar, im.digest, im.refs)
 		}

@@ -38,6 +38,7 @@ func apiserverArgs(c Config) []string {
 		"--v=0",
 	}
 	if c.Tenant {
+		fcert, fkey := p.Cert(pki.FrontProxyClient)
 		args = append(args,
 			"--authorization-mode=Node,RBAC",
 			"--enable-bootstrap-token-auth=true",
@@ -49,6 +50,17 @@ func apiserverArgs(c Config) []string {
 			// the nodes' doing) but Pod IPs do (podroutes): admission webhooks and
 			// aggregated APIs are dialled at their Service's endpoints.
 			"--enable-aggregator-routing=true",
+			// Aggregation: the apiserver proxies to an aggregated API with the front-proxy
+			// client certificate and names the user in these headers; the aggregated
+			// server trusts them from that certificate alone (it reads this CA and these
+			// names from kube-system/extension-apiserver-authentication).
+			"--requestheader-client-ca-file="+p.FrontProxyCA,
+			"--requestheader-allowed-names="+pki.FrontProxyClient.CommonName,
+			"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+			"--requestheader-group-headers=X-Remote-Group",
+			"--requestheader-username-headers=X-Remote-User",
+			"--proxy-client-cert-file="+fcert,
+			"--proxy-client-key-file="+fkey,
 		)
 	} else {
 		// The management API advertises loopback, which the endpoint

@@ -30,7 +30,8 @@ func Prepare(c Config, extraIPs ...net.IP) error {
 	ips = append(ips, extraIPs...)
 	names := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
 	names = append(names, c.ServingNames...)
-	p, err := pki.Ensure(c.PKI().Dir, pki.Options{ServingIPs: ips, ServingNames: names, Clients: clients()})
+	// Before every start: a tenant made before the front-proxy CA existed gets it here.
+	p, err := pki.Ensure(c.PKI().Dir, pki.Options{ServingIPs: ips, ServingNames: names, Clients: clients(), FrontProxy: c.Tenant})
 	if err != nil {
 		return fmt.Errorf("preparing PKI for %s: %w", c.Name, err)
 	}

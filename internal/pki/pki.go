@@ -1,7 +1,9 @@
 // Package pki makes and keeps the certificate authorities and certificates of
 // one cluster: a server CA for serving certificates, a client CA for client
-// certificates, and a service-account key pair. Every cluster has its own, so
-// one tenant's credentials mean nothing to another's apiserver.
+// certificates, a service-account key pair and, for a cluster that aggregates
+// APIs, a front-proxy CA for the apiserver's own certificate towards them. Every
+// cluster has its own, so one tenant's credentials mean nothing to another's
+// apiserver.
 package pki
 
 import (
@@ -43,6 +45,11 @@ var (
 	// an admin like Admin, but a user of its own, so the tenant can tell its requests
 	// from a person's (a cluster that only the daemon talks to is idle).
 	Daemon = Identity{Name: "daemon", CommonName: "socialweb-daemon", Organizations: []string{"system:masters"}}
+	// FrontProxyClient is the apiserver itself when it proxies a request to an
+	// aggregated API: signed by the front-proxy CA, never the client CA, so it
+	// authenticates nowhere else, and the aggregated server trusts the user it names
+	// in X-Remote-User only from this certificate.
+	FrontProxyClient = Identity{Name: "front-proxy-client", CommonName: "front-proxy-client"}
 )
 
 // Identity is a client certificate's subject and the file name it is kept under.
@@ -57,7 +64,10 @@ type Options struct {
 	ServingIPs   []net.IP
 	ServingNames []string
 	Clients      []Identity
-	Now          time.Time
+	// FrontProxy makes the front-proxy CA and FrontProxyClient's certificate: a
+	// tenant's apiserver proxies to aggregated APIs with them.
+	FrontProxy bool
+	Now        time.Time
 }
 
 // Paths are the files Ensure keeps in a cluster's PKI directory.
@@ -67,6 +77,8 @@ type Paths struct {
 	ClientCA, ClientCAKey                string
 	ServiceAccountKey, ServiceAccountPub string
 	ServingCert, ServingKey              string
+	// The front-proxy CA (--requestheader-client-ca-file), when Options.FrontProxy.
+	FrontProxyCA, FrontProxyCAKey string
 }
 
 // Cert returns the certificate and key paths of a client identity.
@@ -83,13 +95,15 @@ func PathsFor(dir string) Paths {
 		ClientCA: j("client-ca.crt"), ClientCAKey: j("client-ca.key"),
 		ServiceAccountKey: j("sa.key"), ServiceAccountPub: j("sa.pub"),
 		ServingCert: j("apiserver.crt"), ServingKey: j("apiserver.key"),
+		FrontProxyCA: j("front-proxy-ca.crt"), FrontProxyCAKey: j("front-proxy-ca.key"),
 	}
 }
 
 // Ensure creates whatever is missing under dir and reissues leaves whose
 // names no longer match or that are about to expire. CAs and the
 // service-account key are never replaced: that would invalidate every
-// credential already handed out.
+// credential already handed out. A directory made before a CA existed (the
+// front-proxy CA) gets it added beside what it has.
 func Ensure(dir string, opts Options) (Paths, error) {
 	if opts.Now.IsZero() {
 		opts.Now = time.Now()
@@ -131,7 +145,26 @@ func Ensure(dir string, opts Options) (Paths, error) {
 			return p, err
 		}
 	}
+	if opts.FrontProxy {
+		if err := ensureFrontProxy(p, opts.Now); err != nil {
+			return p, err
+		}
+	}
 	return p, nil
+}
+
+// ensureFrontProxy keeps the front-proxy CA and the client certificate it signs.
+func ensureFrontProxy(p Paths, now time.Time) error {
+	ca, err := ensureCA(p.FrontProxyCA, p.FrontProxyCAKey, "socialweb-front-proxy-ca", now)
+	if err != nil {
+		return err
+	}
+	cert, key := p.Cert(FrontProxyClient)
+	spec := leafSpec{subject: pkix.Name{CommonName: FrontProxyClient.CommonName}, usage: x509.ExtKeyUsageClientAuth}
+	if err := ensureLeaf(cert, key, spec, ca, now); err != nil {
+		return fmt.Errorf("front-proxy client certificate: %w", err)
+	}
+	return nil
 }
 
 type authority struct {

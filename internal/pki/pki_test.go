@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -193,5 +194,95 @@ func TestKubeconfigViaNamesTheServerName(t *testing.T) {
 		if cfg.Host != tc.server || cfg.TLSClientConfig.ServerName != tc.serverName {
 			t.Errorf("kubeconfig names %s and server name %q, want %s and %q", cfg.Host, cfg.TLSClientConfig.ServerName, tc.server, tc.serverName)
 		}
+	}
+}
+
+// The front-proxy CA is the tenant's own: its client certificate (CN front-proxy-client,
+// client auth) verifies against it alone, not another tenant's nor the cluster's client
+// CA (so it is no credential for the apiserver itself).
+func TestFrontProxyIsPerClusterAndForClientAuth(t *testing.T) {
+	opts := Options{ServingIPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Clients: []Identity{Admin}, FrontProxy: true}
+	a, err := Ensure(t.TempDir(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Ensure(t.TempDir(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if readCert(t, a.FrontProxyCA).Equal(readCert(t, b.FrontProxyCA)) {
+		t.Fatal("two clusters share a front-proxy CA")
+	}
+	certA, keyA := a.Cert(FrontProxyClient)
+	fp := readCert(t, certA)
+	if fp.Subject.CommonName != "front-proxy-client" || len(fp.Subject.Organization) != 0 {
+		t.Errorf("front-proxy client subject %v, want CN front-proxy-client and no organization", fp.Subject)
+	}
+	if !slices.Equal(fp.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}) {
+		t.Errorf("front-proxy client usages %v, want client auth only", fp.ExtKeyUsage)
+	}
+	for _, tc := range []struct {
+		name  string
+		roots string
+		ok    bool
+	}{
+		{"its own front-proxy CA", a.FrontProxyCA, true},
+		{"another cluster's front-proxy CA", b.FrontProxyCA, false},
+		{"its cluster's client CA", a.ClientCA, false},
+		{"its cluster's server CA", a.ServerCA, false},
+	} {
+		_, err := fp.Verify(x509.VerifyOptions{Roots: pool(t, tc.roots), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+		if (err == nil) != tc.ok {
+			t.Errorf("verifies against %s = %v, want %v", tc.name, err == nil, tc.ok)
+		}
+	}
+	for _, k := range []string{keyA, a.FrontProxyCAKey} {
+		if st, err := os.Stat(k); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, mode %v; want 0600", k, err, st.Mode().Perm())
+		}
+	}
+}
+
+// A cluster made before the front-proxy CA existed gets it at its next Ensure, and
+// keeps its CAs and client certificates; without FrontProxy none is made.
+func TestFrontProxyAddedToAnExistingCluster(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		frontProxy bool
+	}{
+		{"tenant: added", true},
+		{"management: none", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p := ensure(t, dir, "127.0.0.1") // no FrontProxy: a cluster of an older daemon
+			if _, err := os.Stat(p.FrontProxyCA); !os.IsNotExist(err) {
+				t.Fatalf("front-proxy CA made without FrontProxy: %v", err)
+			}
+			admin, _ := p.Cert(Admin)
+			before := map[string]*x509.Certificate{p.ServerCA: readCert(t, p.ServerCA), p.ClientCA: readCert(t, p.ClientCA), admin: readCert(t, admin), p.ServingCert: readCert(t, p.ServingCert)}
+			for range 2 { // the second keeps what the first made
+				if _, err := Ensure(dir, Options{ServingIPs: []net.IP{net.ParseIP("127.0.0.1")}, ServingNames: []string{"localhost"},
+					Clients: []Identity{Admin, Scheduler}, FrontProxy: tc.frontProxy}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for path, c := range before {
+				if !readCert(t, path).Equal(c) {
+					t.Errorf("%s replaced", path)
+				}
+			}
+			fcert, fkey := p.Cert(FrontProxyClient)
+			for _, f := range []string{p.FrontProxyCA, p.FrontProxyCAKey, fcert, fkey} {
+				if _, err := os.Stat(f); (err == nil) != tc.frontProxy {
+					t.Errorf("%s exists = %v, want %v", f, err == nil, tc.frontProxy)
+				}
+			}
+			if tc.frontProxy {
+				if _, err := readCert(t, fcert).Verify(x509.VerifyOptions{Roots: pool(t, p.FrontProxyCA), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+					t.Errorf("front-proxy client does not verify against the front-proxy CA: %v", err)
+				}
+			}
+		})
 	}
 }
