@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -178,4 +179,72 @@ func TestSleepAndWake(t *testing.T) {
 	}
 	time.Sleep(time.Until(failed.Add(35 * time.Second))) // the hold (30 s) is over
 	wake("after the failed wake was mended", own)
+}
+
+// TestSleepWakeBootsANode is issue 13's test with the real scale path: a cluster sleeps;
+// a Pod applied through the front door wakes it and is created; a node boots and the Pod
+// runs; the cluster goes back to zero nodes and to sleep. Only the management API is
+// watched while the cluster should fall asleep: a request to the tenant is activity.
+func TestSleepWakeBootsANode(t *testing.T) {
+	const name = "doze"
+	img := nodeImage(t)
+	door := fmt.Sprintf("127.0.0.1:%d", livetest.FreePort(t))
+	d := newDaemon(t, 1, "--node-image", img, "--front-door", door)
+	d.start()
+	d.mustCLI("cluster", "create", name, "--sleep-after", "30s", "--hold", "10s", "--max-nodes", "1", "--wait")
+	config := filepath.Join(d.stateDir, "clusters", name, "controlplane.json")
+	asleep := func(when string, timeout time.Duration) {
+		t.Helper()
+		d.waitPhase(name, v1.PhaseAsleep, timeout)
+		livetest.Eventually(t, 15*time.Second, 200*time.Millisecond, when+": the control plane's processes gone", func() bool {
+			return len(processesMentioning(config)) == 0
+		})
+		if qs := qemusOf(d.stateDir); len(qs) != 0 {
+			t.Fatalf("%s: asleep with qemu running: %v", when, qs)
+		}
+	}
+	asleep("idle after create", 3*time.Minute)
+
+	// 1. A Pod through the door: the connection wakes the cluster and the create is
+	// answered, not refused.
+	_, k := d.tenant(name)
+	grace := int64(1)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "woken", Namespace: "default"},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: &grace,
+			Containers:                    []corev1.Container{{Name: "main", Image: "busybox:stable", Command: []string{"sh", "-c", "echo woke-and-ran"}}},
+		},
+	}
+	t0 := time.Now()
+	if _, err := k.CoreV1().Pods("default").Create(ctxT(t, time.Minute), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating a Pod in the sleeping cluster through the door: %v", err)
+	}
+	t.Logf("Pod created through the door in %s (the wake included)", time.Since(t0).Round(time.Millisecond))
+
+	// 2. A node boots for it and it runs to completion.
+	livetest.Eventually(t, 10*time.Minute, time.Second, "the Pod to succeed on a node booted for it", func() bool {
+		p, err := k.CoreV1().Pods("default").Get(ctxT(t, 30*time.Second), "woken", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		if p.Status.Phase == corev1.PodFailed {
+			t.Fatalf("the Pod failed: %+v", p.Status)
+		}
+		return p.Status.Phase == corev1.PodSucceeded && p.Spec.NodeName != ""
+	})
+	t.Logf("Pod succeeded %s after it was created", time.Since(t0).Round(time.Second))
+	logs, err := k.CoreV1().Pods("default").GetLogs("woken", &corev1.PodLogOptions{}).DoRaw(ctxT(t, time.Minute))
+	if err != nil || !strings.Contains(string(logs), "woke-and-ran") {
+		t.Fatalf("the Pod's log: %q, %v", logs, err)
+	}
+
+	// 3. Back to zero nodes (hold 10 s), then asleep again (30 s without a request).
+	t1 := time.Now()
+	livetest.Eventually(t, 5*time.Minute, time.Second, "the cluster back at zero nodes", func() bool {
+		return d.cluster(name).Status.Nodes == 0 && len(qemusOf(d.stateDir)) == 0
+	})
+	asleep("after the job", 4*time.Minute)
+	t.Logf("back to zero nodes and asleep %s after the Pod succeeded", time.Since(t1).Round(time.Second))
 }
