@@ -130,6 +130,9 @@ func Main(args []string) error {
 	if err := readOnlyView(source); err != nil {
 		return fmt.Errorf("%s: making %s read-only: %w", WrapperCommand, source, err)
 	}
+	if err := privatePidDir(); err != nil {
+		return fmt.Errorf("%s: %w", WrapperCommand, err)
+	}
 	prog, err := exec.LookPath(argv[0])
 	if err != nil {
 		return fmt.Errorf("%s: %w", WrapperCommand, err)
@@ -160,6 +163,23 @@ func readOnlyView(source string) error {
 	}
 	if st.Flags&unix.ST_RDONLY == 0 {
 		return errors.New("the remount did not take: still writable")
+	}
+	return nil
+}
+
+// pidDir is where qemu 7.2's virtiofsd locks a pid file named after its socket path.
+const pidDir = "/run/virtiofsd"
+
+// privatePidDir mounts a tmpfs of this namespace's own on pidDir: every node's socket is
+// "virtiofs.sock" in its own dir, so on the host's /run their pid files would be one file
+// and a second virtiofsd would refuse to start ("Cannot lock pid file"); the tmpfs also
+// goes with the process, so no pid file is left behind.
+func privatePidDir() error {
+	if err := os.MkdirAll(pidDir, 0o700); err != nil {
+		return fmt.Errorf("virtiofsd's pid file dir: %w", err)
+	}
+	if err := unix.Mount("tmpfs", pidDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size=64k"); err != nil {
+		return fmt.Errorf("a private tmpfs on %s: %w", pidDir, err)
 	}
 	return nil
 }

@@ -191,3 +191,43 @@ func TestVirtiofsd(t *testing.T) {
 		t.Errorf("the host cannot write the store: %v", err)
 	}
 }
+
+// TestVirtiofsdsSideBySide starts two virtiofsd for two nodes at once, each with the
+// same socket name in its own dir (as the provider does): both must listen (each locks
+// its pid file in a tmpfs of its own), and no pid file is left on the host's /run.
+func TestVirtiofsdsSideBySide(t *testing.T) {
+	needRoot(t)
+	if _, err := os.Stat(DefaultVirtiofsd); err != nil {
+		livetest.Skip(t, "no "+DefaultVirtiofsd+": apt-get install qemu-system-common")
+	}
+	dir := t.TempDir()
+	c := Config{Dir: dir, Executable: os.Args[0]}
+	before, _ := os.ReadDir(pidDir)
+	for i := range 2 {
+		node := t.TempDir()
+		cmd := c.Command(node, "virtiofs.sock")
+		cmd.Dir = node
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+		sock := filepath.Join(node, "virtiofs.sock")
+		livetest.Eventually(t, 10*time.Second, 10*time.Millisecond, fmt.Sprintf("virtiofsd %d to listen", i), func() bool {
+			select {
+			case <-done:
+				t.Fatalf("virtiofsd %d exited before listening: %s", i, out.String())
+			default:
+			}
+			st, err := os.Stat(sock)
+			return err == nil && st.Mode()&os.ModeSocket != 0
+		})
+	}
+	after, _ := os.ReadDir(pidDir)
+	if len(after) > len(before) {
+		t.Errorf("pid files left on the host's %s: %d before, %d after", pidDir, len(before), len(after))
+	}
+}
