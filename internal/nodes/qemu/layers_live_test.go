@@ -123,28 +123,7 @@ func TestLiveLayerShare(t *testing.T) {
 		t.Logf("prepared %s: %d files in %s", r.Digest[:19], r.Files, time.Since(t0).Round(time.Millisecond))
 	}
 
-	mgr := nodenet.NewManager(nil, nil)
-	owned, err := mgr.List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if slices.Contains(owned.Indexes(), layersIndex) {
-		t.Fatalf("network index %d is in use on this host: a leftover of an earlier run?", layersIndex)
-	}
-	plan, err := nodenet.ForIndex(layersIndex)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fwd, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
-	t.Cleanup(func() { os.WriteFile("/proc/sys/net/ipv4/ip_forward", fwd, 0o644) })
-	t.Cleanup(func() {
-		if err := mgr.Remove(context.Background(), liveCluster, plan); err != nil {
-			t.Errorf("removing the test network: %v", err)
-		}
-	})
-	if err := mgr.Ensure(ctx, liveCluster, plan); err != nil {
-		t.Fatal(err)
-	}
+	mgr, plan := liveNetwork(ctx, t, layersIndex)
 	stateDir := filepath.Join(tmp, "state")
 	t.Cleanup(func() { killLeftovers(t, stateDir) })
 	cfg := Config{StateDir: stateDir, ImageDir: image, StopGrace: 2 * time.Second, Accel: AccelTCG, TCGCacheMiB: 128,

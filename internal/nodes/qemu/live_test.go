@@ -182,29 +182,7 @@ func TestLive(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 
-	mgr := nodenet.NewManager(nil, nil)
-	owned, err := mgr.List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if slices.Contains(owned.Indexes(), liveIndex) {
-		t.Fatalf("network index %d is in use on this host (%+v): a leftover of an earlier run? remove it with nodenet's Manager.Remove (or ip link del swb%d; nft delete table inet socialweb-%d)",
-			liveIndex, owned, liveIndex, liveIndex)
-	}
-	plan, err := nodenet.ForIndex(liveIndex)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fwd, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
-	t.Cleanup(func() { os.WriteFile("/proc/sys/net/ipv4/ip_forward", fwd, 0o644) })
-	t.Cleanup(func() {
-		if err := mgr.Remove(context.Background(), liveCluster, plan); err != nil {
-			t.Errorf("removing the test network: %v", err)
-		}
-	})
-	if err := mgr.Ensure(ctx, liveCluster, plan); err != nil {
-		t.Fatal(err)
-	}
+	mgr, plan := liveNetwork(ctx, t, liveIndex)
 	gw := listenOnGateway(t, plan.Gateway)
 
 	stateDir := filepath.Join(tmp, "state")
@@ -378,4 +356,35 @@ func TestLive(t *testing.T) {
 			}
 		}
 	}
+}
+
+// liveNetwork makes the test cluster's bridge and nftables at network index on this host
+// (refusing an index already in use: a leftover of an earlier run) and removes them, and
+// restores ip_forward, when the test ends.
+func liveNetwork(ctx context.Context, t *testing.T, index int) (*nodenet.Manager, nodenet.Plan) {
+	t.Helper()
+	mgr := nodenet.NewManager(nil, nil)
+	owned, err := mgr.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(owned.Indexes(), index) {
+		t.Fatalf("network index %d is in use on this host (%+v): a leftover of an earlier run? remove it with nodenet's Manager.Remove (or ip link del swb%d; nft delete table inet socialweb-%d)",
+			index, owned, index, index)
+	}
+	plan, err := nodenet.ForIndex(index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwd, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	t.Cleanup(func() { os.WriteFile("/proc/sys/net/ipv4/ip_forward", fwd, 0o644) })
+	t.Cleanup(func() {
+		if err := mgr.Remove(context.Background(), liveCluster, plan); err != nil {
+			t.Errorf("removing the test network: %v", err)
+		}
+	})
+	if err := mgr.Ensure(ctx, liveCluster, plan); err != nil {
+		t.Fatal(err)
+	}
+	return mgr, plan
 }
