@@ -110,7 +110,50 @@ func Encode(w io.Writer, id Identity) error {
 	return err
 }
 
-// Decode reads a disk image written by Encode.
+// PoolDiskSize is the fixed size of a warm-pool VM's identity disk. The host rewrites
+// the file in place when it hands the VM to a cluster, so the size never changes under
+// the running VMM.
+const PoolDiskSize = 64 << 10
+
+// ErrUnclaimed is Decode's error for the identity disk of a warm-pool VM that no cluster
+// has claimed yet: the agent waits and reads the disk again.
+var ErrUnclaimed = errors.New("identity disk: a warm-pool VM not yet claimed by a cluster")
+
+// poolDoc is the whole document of an unclaimed pool VM's disk.
+type poolDoc struct {
+	Pool bool `json:"pool"`
+}
+
+// EncodePool writes the disk image of an unclaimed warm-pool VM: {"pool":true}
+// padded with zeros to PoolDiskSize.
+func EncodePool(w io.Writer) error {
+	b, err := json.Marshal(poolDoc{Pool: true})
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, make([]byte, PoolDiskSize-len(b))...))
+	return err
+}
+
+// EncodeSized writes the disk image of id padded with zeros to exactly size bytes (a
+// pool VM's disk, rewritten in place on claim).
+func EncodeSized(w io.Writer, id Identity, size int) error {
+	if err := id.Validate(); err != nil {
+		return err
+	}
+	b, err := json.Marshal(id)
+	if err != nil {
+		return err
+	}
+	if len(b) >= size || len(b) >= MaxSize {
+		return fmt.Errorf("identity of %s is %d bytes, does not fit a %d-byte disk", id.NodeName, len(b), size)
+	}
+	_, err = w.Write(append(b, make([]byte, size-len(b))...))
+	return err
+}
+
+// Decode reads a disk image written by Encode or EncodeSized. The disk of an unclaimed
+// pool VM (EncodePool) gives ErrUnclaimed.
 func Decode(r io.Reader) (Identity, error) {
 	var id Identity
 	b, err := io.ReadAll(io.LimitReader(r, MaxSize))
@@ -118,6 +161,10 @@ func Decode(r io.Reader) (Identity, error) {
 		return id, fmt.Errorf("reading identity disk: %w", err)
 	}
 	b = bytes.TrimRight(b, "\x00")
+	var pool poolDoc
+	if json.Unmarshal(b, &pool) == nil && pool.Pool {
+		return id, ErrUnclaimed
+	}
 	if err := json.Unmarshal(b, &id); err != nil {
 		return id, fmt.Errorf("identity disk holds no identity document: %w", err)
 	}

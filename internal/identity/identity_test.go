@@ -65,3 +65,38 @@ func TestDecodeRejectsGarbage(t *testing.T) {
 		t.Error("garbage decoded")
 	}
 }
+
+func TestPoolDisk(t *testing.T) {
+	var pool bytes.Buffer
+	if err := EncodePool(&pool); err != nil {
+		t.Fatal(err)
+	}
+	if pool.Len() != PoolDiskSize {
+		t.Fatalf("pool disk is %d bytes, want %d", pool.Len(), PoolDiskSize)
+	}
+	if _, err := Decode(bytes.NewReader(pool.Bytes())); err != ErrUnclaimed {
+		t.Fatalf("Decode(pool disk) = %v, want ErrUnclaimed", err)
+	}
+	var claimed bytes.Buffer
+	if err := EncodeSized(&claimed, sample(), PoolDiskSize); err != nil {
+		t.Fatal(err)
+	}
+	if claimed.Len() != PoolDiskSize {
+		t.Fatalf("claimed disk is %d bytes, want %d: the host rewrites it in place", claimed.Len(), PoolDiskSize)
+	}
+	got, err := Decode(&claimed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.NodeName != "ci-abc123" {
+		t.Errorf("claimed disk decoded as %+v", got)
+	}
+	if err := EncodeSized(&claimed, sample(), 64); err == nil {
+		t.Error("EncodeSized into a 64-byte disk: no error")
+	}
+	bad := sample()
+	bad.Cluster = ""
+	if err := EncodeSized(&claimed, bad, PoolDiskSize); err == nil {
+		t.Error("EncodeSized of an invalid identity: no error")
+	}
+}
