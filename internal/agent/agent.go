@@ -27,7 +27,13 @@
 //     (DefaultBackgroundModules), and the power button watcher loads its own.
 //     The identity disk is socialweb.identity=<dev> from the kernel command
 //     line, else the disk with virtio serial "socialweb-identity", else
-//     /dev/vdb.
+//     /dev/vdb. A warm-pool VM, booted before any cluster needs it, finds
+//     the pool document there (identity.ErrUnclaimed): the identity step
+//     logs that once, marks step=identity-wait on the timeline (console and
+//     Node annotation: the host's breakdown counts only what follows the
+//     claim) and reads the disk every 50 ms with O_DIRECT (past the page
+//     cache) until the host has rewritten it in place with a node's
+//     identity, its claim; then the boot goes on. Stop ends the wait.
 //  2. Run: wait for a reason to stop: SIGTERM or SIGINT (the kernel sends
 //     SIGINT to PID 1 on Ctrl-Alt-Del, which the agent enables, so
 //     firecracker's SendCtrlAltDel works), the ACPI power button (qemu's
@@ -277,6 +283,13 @@ type Agent struct {
 
 	started time.Time
 	stop    chan string // reasons to shut down
+	// stopAsked is closed by the first Stop: a boot step that waits (a warm-pool VM
+	// waiting for its claim) gives way to it.
+	stopAsked chan struct{}
+	stopOnce  sync.Once
+	// boot is this run's boot timeline: Run adds each boot step, and a step may add a
+	// point of its own (mark).
+	boot boottimeline.Timeline
 	// booted gets the boot timeline once the boot steps are done (buffered: Run never
 	// waits for the boot-timeline step's publisher).
 	booted chan boottimeline.Timeline
@@ -302,6 +315,7 @@ func New(cfg Config) *Agent {
 	cfg.complete()
 	bg, stop := context.WithCancel(context.Background())
 	return &Agent{Config: cfg, Layout: cfg.Layout, Log: cfg.Log, started: time.Now(), stop: make(chan string, 8),
+		stopAsked: make(chan struct{}), boot: boottimeline.Timeline{},
 		booted: make(chan boottimeline.Timeline, 1), bg: bg, bgStop: stop}
 }
 
@@ -482,12 +496,22 @@ func (a *Agent) timeline(step string, attrs ...any) time.Duration {
 	return up
 }
 
+// mark logs a timeline line for a point inside a boot step and puts it in the boot
+// timeline the boot-timeline step publishes (the host's start breakdown reads
+// identity-wait from it). Only boot steps call it, from Run's goroutine.
+func (a *Agent) mark(step string, attrs ...any) { a.boot.Set(step, a.timeline(step, attrs...)) }
+
+// errStopped ends a boot step that gave way to Stop: Run shuts down for Stop's reason,
+// not as a failed step.
+var errStopped = errors.New("asked to stop")
+
 // Stop asks a running agent to shut down (idempotent; the first reason wins).
 func (a *Agent) Stop(reason string) {
 	select {
 	case a.stop <- reason:
 	default:
 	}
+	a.stopOnce.Do(func() { close(a.stopAsked) })
 }
 
 // Run runs the boot chain, waits for a reason to stop, runs the shutdown
@@ -500,7 +524,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.Config.ShutdownSteps.validate(); err != nil {
 		return err
 	}
-	boot := boottimeline.Timeline{}
+	a.boot = boottimeline.Timeline{}
+	boot := a.boot
 	boot.Set(boottimeline.StepStart, a.timeline(boottimeline.StepStart, "pid", os.Getpid(), "version", agentVersion()))
 	if os.Getpid() == 1 {
 		a.reaper = startReaper(a.Log)
@@ -525,6 +550,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		t0 := time.Now()
 		if err := st.Run(ctx, a); err != nil {
+			if errors.Is(err, errStopped) {
+				select {
+				case r := <-a.stop:
+					reason = r + " during boot"
+				default:
+					reason = "stopped during boot"
+				}
+				a.Log.Info("agent step stopped", "step", st.Name, "reason", reason)
+				break
+			}
 			a.Log.Error("agent step failed", "step", st.Name, "uptime", fmt.Sprintf("%.2fs", a.Uptime().Seconds()), "err", err)
 			bootErr = fmt.Errorf("step %s: %w", st.Name, err)
 			reason = "step " + st.Name + " failed"

@@ -297,7 +297,9 @@ func diskBySerial(serial string) string {
 
 // stepIdentity reads the identity disk: socialweb.identity=<path> from the
 // kernel command line if given, else the disk whose serial is
-// IdentitySerial, else Config.IdentityDevice (/dev/vdb).
+// IdentitySerial, else Config.IdentityDevice (/dev/vdb). A warm-pool VM's
+// disk (identity.ErrUnclaimed) is read again until the host claims the VM
+// (waitClaim).
 func stepIdentity(ctx context.Context, a *Agent) error {
 	dev, fixed := a.Config.IdentityDevice, false
 	if v, ok := KernelArg("socialweb.identity"); ok && v != "" {
@@ -326,8 +328,15 @@ func stepIdentity(ctx context.Context, a *Agent) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
 	id, err := identity.Decode(f)
+	f.Close()
+	if errors.Is(err, identity.ErrUnclaimed) {
+		id, err = a.waitClaim(ctx, dev, claimPoller{
+			read:   func() ([]byte, error) { return readDirect(dev, identity.PoolDiskSize) },
+			every:  claimPoll,
+			settle: claimSettle,
+		})
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", dev, err)
 	}

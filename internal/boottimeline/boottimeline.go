@@ -26,6 +26,14 @@ const (
 	StepUp    = "up"
 )
 
+// Steps of a warm-pool VM's timeline, booted before any cluster needed it: its agent
+// started waiting at the identity step (StepIdentityWait) until the host claimed it, and
+// the identity step was done once it read the claim (StepIdentity).
+const (
+	StepIdentity     = "identity"
+	StepIdentityWait = "identity-wait"
+)
+
 // maxLen bounds what Parse accepts: a timeline is a few hundred bytes, and the
 // annotation is the tenant's to write.
 const maxLen = 4 << 10
@@ -65,6 +73,12 @@ func Parse(s string) (Timeline, error) {
 	return t, nil
 }
 
+// Warm reports whether the timeline is a warm-pool VM's.
+func (t Timeline) Warm() bool {
+	_, ok := t[StepIdentityWait]
+	return ok
+}
+
 // ErrIncomplete: the timeline lacks the start or up step, or up comes before start.
 var ErrIncomplete = errors.New("boot timeline: no start and up steps in order")
 
@@ -76,6 +90,23 @@ func (t Timeline) Phases() (kernel, agent time.Duration, err error) {
 	if !ok1 || !ok2 || up < start {
 		return 0, 0, ErrIncomplete
 	}
-	sec := func(v float64) time.Duration { return time.Duration(math.Round(v * float64(time.Second))) }
 	return sec(start), sec(up) - sec(start), nil
 }
+
+// WarmAgent is a warm-pool VM's agent phase after its claim: the identity step done
+// (the claim read) to its boot steps done. Its kernel and the steps before the claim ran
+// ahead of time.
+func (t Timeline) WarmAgent() (time.Duration, error) {
+	claimed, ok1 := t[StepIdentity]
+	up, ok2 := t[StepUp]
+	if !t.Warm() || !ok1 || !ok2 || up < claimed {
+		return 0, ErrIncompleteWarm
+	}
+	return sec(up) - sec(claimed), nil
+}
+
+// ErrIncompleteWarm: the timeline lacks the identity-wait, identity or up step, or up
+// comes before identity.
+var ErrIncompleteWarm = errors.New("boot timeline: no identity-wait, identity and up steps in order")
+
+func sec(v float64) time.Duration { return time.Duration(math.Round(v * float64(time.Second))) }

@@ -58,3 +58,29 @@ func TestParseAndPhasesRefuse(t *testing.T) {
 		})
 	}
 }
+
+func TestWarmAgent(t *testing.T) {
+	tests := []struct {
+		name    string
+		tl      Timeline
+		warm    bool
+		want    time.Duration
+		wantErr bool
+	}{
+		{name: "cold", tl: Timeline{StepStart: 1, StepIdentity: 2, StepUp: 4}, wantErr: true},
+		{name: "warm", tl: Timeline{StepStart: 1, StepIdentityWait: 1.8, StepIdentity: 60.25, StepUp: 61.5}, warm: true, want: 1250 * time.Millisecond},
+		{name: "warm, not up", tl: Timeline{StepStart: 1, StepIdentityWait: 1.8, StepIdentity: 60}, warm: true, wantErr: true},
+		{name: "warm, up before identity", tl: Timeline{StepIdentityWait: 1.8, StepIdentity: 60, StepUp: 59}, warm: true, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.tl.Warm() != tt.warm {
+				t.Errorf("Warm = %t, want %t", !tt.warm, tt.warm)
+			}
+			got, err := tt.tl.WarmAgent()
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Errorf("WarmAgent = %s, %v; want %s (error %t)", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}

@@ -219,10 +219,82 @@ func (m *Manager) AddTap(ctx context.Context, cluster string, plan Plan, node st
 	return tap, nil
 }
 
-// RemoveTap deletes a tap made by AddTap; a missing one is not an error.
+// AddPoolTap creates a warm-pool VM's tap (PoolTapName), left down and on no bridge: the
+// VM has no network until ClaimTap gives the tap to a cluster. An existing tap is fine
+// (a retried AddPoolTap). The returned Tap has no Bridge; its MAC is PoolMAC(vm).
+func (m *Manager) AddPoolTap(ctx context.Context, vm string) (Tap, error) {
+	if vm == "" {
+		return Tap{}, errors.New("adding a pool tap: empty VM name")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	tap := Tap{Name: PoolTapName(vm), MAC: PoolMAC(vm)}
+	if _, err := m.cmd(ctx, "", "ip", "tuntap", "add", "dev", tap.Name, "mode", "tap"); err != nil {
+		if _, serr := m.cmd(ctx, "", "ip", "-o", "link", "show", "dev", tap.Name); serr != nil {
+			return Tap{}, explain(err, "creating pool tap %s for VM %s", tap.Name, vm)
+		}
+	}
+	m.log.Info("pool tap added", "vm", vm, "tap", tap.Name, "mac", tap.MAC.String())
+	return tap, nil
+}
+
+// ClaimTap gives a warm-pool VM's tap to node of cluster: it renames the pool tap (down,
+// as AddPoolTap left it) to TapName(plan.Index, cluster, node), attaches it to the
+// cluster bridge and sets it up, in that order: Linux refuses to rename an interface that
+// is up. Ensure must have run for the cluster. A retried ClaimTap whose rename was done
+// goes on from there.
+//
+// The returned Tap has no MAC: the VM keeps the PoolMAC it booted with, not
+// NodeMAC(cluster, node), and the identity written on claim must name PoolMAC.
+func (m *Manager) ClaimTap(ctx context.Context, poolTap string, cluster string, plan Plan, node string) (Tap, error) {
+	if err := checkPlan(plan); err != nil {
+		return Tap{}, err
+	}
+	if !poolTapRe.MatchString(poolTap) {
+		return Tap{}, fmt.Errorf("claiming tap %q: not a pool tap name (swp-<hash>, from AddPoolTap)", poolTap)
+	}
+	if node == "" {
+		return Tap{}, fmt.Errorf("claiming tap %s for cluster %s: empty node name", poolTap, cluster)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	tap := Tap{Name: TapName(plan.Index, cluster, node), Bridge: BridgeName(plan.Index)}
+	if _, err := m.cmd(ctx, "", "ip", "link", "set", "dev", poolTap, "name", tap.Name); err != nil {
+		switch {
+		case isNotFound(err):
+			// Renamed by an earlier try, or gone with its VM.
+			if _, serr := m.cmd(ctx, "", "ip", "-o", "link", "show", "dev", tap.Name); serr != nil {
+				return Tap{}, fmt.Errorf("claiming pool tap %s for node %s of cluster %s: %w: the pool VM's tap is gone; destroy that VM and claim another",
+					poolTap, node, cluster, err)
+			}
+		case isExists(err):
+			return Tap{}, fmt.Errorf("renaming pool tap %s to %s: %w: node %s of cluster %s already has a tap; remove it (RemoveTap) or pick another node name",
+				poolTap, tap.Name, err, node, cluster)
+		case stderrHas(err, "device or resource busy"):
+			return Tap{}, fmt.Errorf("renaming pool tap %s to %s: %w: the tap is up; set it down (ip link set dev %s down) and claim again",
+				poolTap, tap.Name, err, poolTap)
+		default:
+			return Tap{}, explain(err, "renaming pool tap %s to %s", poolTap, tap.Name)
+		}
+	}
+	if _, err := m.cmd(ctx, "", "ip", "link", "set", "dev", tap.Name, "master", tap.Bridge); err != nil {
+		if isNotFound(err) {
+			return Tap{}, fmt.Errorf("attaching tap %s to bridge %s: %w: run Ensure for cluster %s first", tap.Name, tap.Bridge, err, cluster)
+		}
+		return Tap{}, explain(err, "attaching tap %s to bridge %s", tap.Name, tap.Bridge)
+	}
+	if _, err := m.cmd(ctx, "", "ip", "link", "set", "dev", tap.Name, "up"); err != nil {
+		return Tap{}, explain(err, "setting tap %s up", tap.Name)
+	}
+	m.log.Info("pool tap claimed", "cluster", cluster, "node", node, "poolTap", poolTap, "tap", tap.Name)
+	return tap, nil
+}
+
+// RemoveTap deletes a tap made by AddTap, AddPoolTap or ClaimTap; a missing one is not
+// an error.
 func (m *Manager) RemoveTap(ctx context.Context, name string) error {
-	if !tapRe.MatchString(name) {
-		return fmt.Errorf("removing tap %q: not a socialweb tap name (swt<index>-<hash>); refusing to delete it", name)
+	if !tapRe.MatchString(name) && !poolTapRe.MatchString(name) {
+		return fmt.Errorf("removing tap %q: not a socialweb tap name (swt<index>-<hash> or swp-<hash>); refusing to delete it", name)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -359,6 +431,22 @@ func (m *Manager) Remove(ctx context.Context, cluster string, plan Plan) error {
 	return nil
 }
 
+// PoolTaps lists the warm-pool taps not claimed (swp-<hash>): on daemon start and
+// `down`, what is left of pool VMs that are gone, to RemoveTap.
+func (m *Manager) PoolTaps(ctx context.Context) ([]string, error) {
+	links, err := m.links(ctx)
+	if err != nil {
+		return nil, explain(err, "listing links to find pool taps")
+	}
+	var taps []string
+	for _, l := range links {
+		if poolTapRe.MatchString(l) {
+			taps = append(taps, l)
+		}
+	}
+	return taps, nil
+}
+
 // links lists the names of the host's interfaces.
 func (m *Manager) links(ctx context.Context) ([]string, error) {
 	out, err := m.cmd(ctx, "", "ip", "-o", "link", "show")
@@ -381,7 +469,7 @@ func (m *Manager) links(ctx context.Context) ([]string, error) {
 // Owned is what socialweb has on this host.
 type Owned struct {
 	Bridges []string // swb<index>
-	Taps    []string // swt<index>-<hash>
+	Taps    []string // swt<index>-<hash>; unclaimed pool taps (swp-<hash>) are PoolTaps'
 	Routes  []string // non-kernel routes through a socialweb bridge (pod routes), as `ip route` prints them
 	Tables  []string // "inet socialweb-<index>"
 }

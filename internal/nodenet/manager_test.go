@@ -225,15 +225,136 @@ func TestRemoveTap(t *testing.T) {
 	if err := m.RemoveTap(context.Background(), name); err != nil {
 		t.Errorf("removing a missing tap: %v", err)
 	}
-	for _, foreign := range []string{"eth0", "swb3", "docker0", "swt3-xyz"} {
+	pool := PoolTapName("pool-0")
+	if err := m.RemoveTap(context.Background(), pool); err != nil {
+		t.Errorf("removing a missing pool tap: %v", err)
+	}
+	for _, foreign := range []string{"eth0", "swb3", "docker0", "swt3-xyz", "swp-xyz", "swp-0a1b2c3d4", "swp0a1b2c3d", "swp-0A1B2C3D"} {
 		if err := m.RemoveTap(context.Background(), foreign); err == nil {
 			t.Errorf("RemoveTap(%q) accepted a name that is not a socialweb tap", foreign)
 		}
 	}
-	sameCalls(t, r.calls, []string{"ip link del dev " + name})
+	sameCalls(t, r.calls, []string{"ip link del dev " + name, "ip link del dev " + pool})
 	r = newRecorder(rule{prefix: "ip link del", err: failed("RTNETLINK answers: Operation not permitted")})
 	if err := NewManager(r, nil).RemoveTap(context.Background(), name); err == nil || !strings.Contains(err.Error(), "run as root") {
 		t.Errorf("RemoveTap as non-root: %v", err)
+	}
+}
+
+func TestAddPoolTapCommands(t *testing.T) {
+	name := PoolTapName("pool-0")
+	for _, tc := range []struct {
+		name    string
+		rules   []rule
+		want    []string
+		wantErr string
+	}{
+		{name: "fresh", want: []string{"ip tuntap add dev " + name + " mode tap"}},
+		{name: "tap already there", rules: []rule{{prefix: "ip tuntap", err: failed("ioctl(TUNSETIFF): Device or resource busy")}},
+			want: []string{
+				"ip tuntap add dev " + name + " mode tap",
+				"ip -o link show dev " + name}},
+		{name: "no tun", rules: []rule{
+			{prefix: "ip tuntap", err: failed("open: No such file or directory\nFailed to open /dev/net/tun")},
+			{prefix: "ip -o link show", err: failed(`Device "` + name + `" does not exist.`)}},
+			want: []string{
+				"ip tuntap add dev " + name + " mode tap",
+				"ip -o link show dev " + name}, wantErr: "modprobe tun"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRecorder(tc.rules...)
+			tap, err := NewManager(r, nil).AddPoolTap(context.Background(), "pool-0")
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("AddPoolTap: %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("AddPoolTap error = %v, want one containing %q", err, tc.wantErr)
+			}
+			// Down and on no bridge: nothing but the tap's creation.
+			sameCalls(t, r.calls, tc.want)
+			if err == nil && (tap.Name != name || tap.Bridge != "" || tap.MAC.String() != PoolMAC("pool-0").String()) {
+				t.Errorf("tap = %+v", tap)
+			}
+		})
+	}
+	if _, err := NewManager(newRecorder(), nil).AddPoolTap(context.Background(), ""); err == nil {
+		t.Error("AddPoolTap accepted an empty VM name")
+	}
+}
+
+func TestClaimTapCommands(t *testing.T) {
+	pool, name := PoolTapName("pool-0"), TapName(3, "c1", "node-a")
+	rename := "ip link set dev " + pool + " name " + name
+	attach := "ip link set dev " + name + " master swb3"
+	up := "ip link set dev " + name + " up"
+	for _, tc := range []struct {
+		name    string
+		poolTap string
+		plan    Plan
+		rules   []rule
+		want    []string
+		wantErr string
+	}{
+		// Rename first: Linux refuses to rename an interface that is up.
+		{name: "claimed", want: []string{rename, attach, up}},
+		{name: "retried after the rename", rules: []rule{{prefix: rename, err: failed(`Cannot find device "` + pool + `"`)}},
+			want: []string{rename, "ip -o link show dev " + name, attach, up}},
+		{name: "pool tap gone", rules: []rule{
+			{prefix: rename, err: failed(`Cannot find device "` + pool + `"`)},
+			{prefix: "ip -o link show", err: failed(`Device "` + name + `" does not exist.`)}},
+			want: []string{rename, "ip -o link show dev " + name}, wantErr: "destroy that VM and claim another"},
+		{name: "pool tap up", rules: []rule{{prefix: rename, err: failed("RTNETLINK answers: Device or resource busy")}},
+			want: []string{rename}, wantErr: "set it down (ip link set dev " + pool + " down)"},
+		{name: "node's tap exists", rules: []rule{{prefix: rename, err: failed("RTNETLINK answers: File exists")}},
+			want: []string{rename}, wantErr: "remove it (RemoveTap)"},
+		{name: "no bridge", rules: []rule{{prefix: attach, err: failed(`Cannot find device "swb3"`)}},
+			want: []string{rename, attach}, wantErr: "run Ensure for cluster c1 first"},
+		{name: "not root", rules: []rule{{prefix: rename, err: failed("RTNETLINK answers: Operation not permitted")}},
+			want: []string{rename}, wantErr: "run as root"},
+		{name: "not a pool tap", poolTap: "swt3-0a1b2c3d", wantErr: "not a pool tap name"},
+		{name: "plan not from ForIndex", plan: Plan{Index: 3}, wantErr: "build it with nodenet.ForIndex"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRecorder(tc.rules...)
+			p, pt := tc.plan, tc.poolTap
+			if p.Index == 0 {
+				p = plan(t, 3)
+			}
+			if pt == "" {
+				pt = pool
+			}
+			tap, err := NewManager(r, nil).ClaimTap(context.Background(), pt, "c1", p, "node-a")
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("ClaimTap: %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("ClaimTap error = %v, want one containing %q", err, tc.wantErr)
+			}
+			sameCalls(t, r.calls, tc.want)
+			if err == nil && (tap.Name != name || tap.Bridge != "swb3" || tap.MAC != nil) {
+				t.Errorf("tap = %+v, want %s on swb3 without a MAC (the VM keeps its pool MAC)", tap, name)
+			}
+		})
+	}
+}
+
+func TestPoolTaps(t *testing.T) {
+	links := sampleLinks + `13: swp-0a1b2c3d: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN mode DEFAULT group default qlen 1000\    link/ether 1a:2b:3c:4d:5e:63 brd ff:ff:ff:ff:ff:ff
+14: swp-deadbeef: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN mode DEFAULT group default qlen 1000\    link/ether 1a:2b:3c:4d:5e:64 brd ff:ff:ff:ff:ff:ff
+15: swp-other: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN mode DEFAULT group default qlen 1000\    link/ether 1a:2b:3c:4d:5e:65 brd ff:ff:ff:ff:ff:ff
+`
+	r := newRecorder(rule{prefix: "ip -o link show", out: links})
+	got, err := NewManager(r, nil).PoolTaps(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"swp-0a1b2c3d", "swp-deadbeef"}; !slices.Equal(got, want) {
+		t.Errorf("PoolTaps = %q, want %q", got, want)
+	}
+	sameCalls(t, r.calls, []string{"ip -o link show"})
+	r = newRecorder(rule{prefix: "ip -o link show", err: &exec.Error{Name: "ip", Err: exec.ErrNotFound}})
+	if _, err := NewManager(r, nil).PoolTaps(context.Background()); err == nil || !strings.Contains(err.Error(), "iproute2") {
+		t.Errorf("PoolTaps without ip: %v", err)
 	}
 }
 

@@ -15,16 +15,18 @@ const IFNameMax = 15
 // Names of everything socialweb creates on the host. The prefixes are what
 // List and orphan cleanup recognise, so nothing else may use them.
 const (
-	bridgePrefix = "swb" // swb<index>
-	tapPrefix    = "swt" // swt<index>-<8 hex>
-	tablePrefix  = "socialweb-"
-	tableFamily  = "inet"
+	bridgePrefix  = "swb"  // swb<index>
+	tapPrefix     = "swt"  // swt<index>-<8 hex>
+	poolTapPrefix = "swp-" // swp-<8 hex>: a warm-pool VM's tap, on no bridge until claimed
+	tablePrefix   = "socialweb-"
+	tableFamily   = "inet"
 )
 
 var (
-	bridgeRe = regexp.MustCompile(`^swb([0-9]{1,3})$`)
-	tapRe    = regexp.MustCompile(`^swt([0-9]{1,3})-[0-9a-f]{8}$`)
-	tableRe  = regexp.MustCompile(`^socialweb-([0-9]{1,3})$`)
+	bridgeRe  = regexp.MustCompile(`^swb([0-9]{1,3})$`)
+	tapRe     = regexp.MustCompile(`^swt([0-9]{1,3})-[0-9a-f]{8}$`)
+	poolTapRe = regexp.MustCompile(`^swp-[0-9a-f]{8}$`)
+	tableRe   = regexp.MustCompile(`^socialweb-([0-9]{1,3})$`)
 )
 
 // BridgeName is the cluster bridge of a network index: swb<index>.
@@ -48,6 +50,23 @@ func NodeMAC(cluster, node string) net.HardwareAddr {
 	sum := sha256.Sum256([]byte("mac:" + cluster + "/" + node))
 	mac := net.HardwareAddr{0x02, sum[0], sum[1], sum[2], sum[3], sum[4]}
 	return mac
+}
+
+// PoolTapName is the tap of a warm-pool VM: swp-<first 8 hex digits of sha256(vm)>,
+// 12 characters. It names no cluster: the VM belongs to none until ClaimTap renames
+// the tap to its node's TapName.
+func PoolTapName(vm string) string {
+	sum := sha256.Sum256([]byte(vm))
+	return fmt.Sprintf("%s%x", poolTapPrefix, sum[:4])
+}
+
+// PoolMAC is the guest NIC's MAC for a warm-pool VM: locally administered, unicast,
+// the rest from sha256 of the VM name. Its first octet is 0x06 where NodeMAC's is 0x02,
+// so a pool VM never shares a MAC with a node booted for a cluster. A claimed VM keeps
+// it (the NIC is fixed at boot): the identity written on claim names this MAC.
+func PoolMAC(vm string) net.HardwareAddr {
+	sum := sha256.Sum256([]byte("poolmac:" + vm))
+	return net.HardwareAddr{0x06, sum[0], sum[1], sum[2], sum[3], sum[4]}
 }
 
 // First and last host numbers a node may get in its cluster's NodeCIDR

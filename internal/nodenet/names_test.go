@@ -115,3 +115,43 @@ func TestNodeAddressAndIPAM(t *testing.T) {
 		t.Errorf("one free: %v %v", got, err)
 	}
 }
+
+func TestPoolNames(t *testing.T) {
+	taps, macs := map[string]string{}, map[string]string{}
+	for n := range 20000 {
+		vm := fmt.Sprintf("pool-%d", n)
+		tap, mac := PoolTapName(vm), PoolMAC(vm)
+		if len(tap) > IFNameMax || !poolTapRe.MatchString(tap) || tapRe.MatchString(tap) || bridgeRe.MatchString(tap) {
+			t.Fatalf("pool tap name %q: length %d or pattern wrong", tap, len(tap))
+		}
+		if len(mac) != 6 || mac[0]&1 != 0 || mac[0]&2 == 0 || mac[0] == NodeMAC("c1", vm)[0] {
+			t.Fatalf("%s: MAC %s is not a locally administered unicast address apart from NodeMAC's", vm, mac)
+		}
+		if other, dup := taps[tap]; dup {
+			t.Fatalf("VMs %s and %s share pool tap %s", other, vm, tap)
+		}
+		if other, dup := macs[mac.String()]; dup {
+			t.Fatalf("VMs %s and %s share MAC %s", other, vm, mac)
+		}
+		taps[tap], macs[mac.String()] = vm, vm
+	}
+	// Pinned, like NodeMAC: a changed derivation would lose track of the taps of a
+	// running pool.
+	for _, tc := range []struct {
+		name, got, want string
+	}{
+		{"PoolTapName stable", PoolTapName("pool-0"), PoolTapName("pool-0")},
+		{"PoolMAC stable", PoolMAC("pool-0").String(), PoolMAC("pool-0").String()},
+		{"PoolTapName pinned", PoolTapName("pool-0"), pinnedPoolTap},
+		{"PoolMAC pinned", PoolMAC("pool-0").String(), pinnedPoolMAC},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: got %s, want %s", tc.name, tc.got, tc.want)
+		}
+	}
+}
+
+const (
+	pinnedPoolTap = "swp-6c6afab7"
+	pinnedPoolMAC = "06:29:35:40:c2:50"
+)

@@ -65,6 +65,7 @@ type metrics struct {
 	unfit     *prometheus.GaugeVec
 	waits     *prometheus.CounterVec
 	starts    *prometheus.HistogramVec
+	kinds     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -103,12 +104,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Where a node this daemon booted spent its start, by phase: each phase's own duration (not cumulative); " +
 				"together they are its first Pod's creation to that Pod's last container started. " +
 				"decision: Pod created to the scale decision; vmm: decision to the VMM started; " +
-				"kernel: guest kernel to the agent (PID 1); agent: the agent's boot steps; " +
+				"kernel: guest kernel to the agent (PID 1), 0 for a warm start (a warm-pool VM claimed for the node); " +
+				"agent: the agent's boot steps, for a warm start those after the claim; " +
 				"registered: the rest until the Node registered (VMM before the kernel, kubelet TLS bootstrap); " +
 				"ready: registered to Node Ready; image: the kubelet pulling the Pod's images, waiting included; " +
 				"container: the rest until its last container started (scheduling, sandbox, network, start).",
 			Buckets: prometheus.ExponentialBucketsRange(0.1, 600, 14), // 0.1s .. 10min
 		}, []string{"cluster", "phase"}),
+		kinds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "socialweb_node_starts_total",
+			Help: "Node starts recorded in socialweb_node_start_phase_seconds, by kind: warm (a warm-pool VM booted ahead and claimed for the node) or cold (booted for it).",
+		}, []string{"cluster", "start"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -136,6 +142,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.starts, err = register(reg, m.starts); err != nil {
+		return nil, err
+	}
+	if m.kinds, err = register(reg, m.kinds); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -185,6 +194,15 @@ func (m *metrics) started(cluster, phase string, took time.Duration) {
 	m.starts.WithLabelValues(cluster, phase).Observe(took.Seconds())
 }
 
+// startedNode counts one node start recorded, warm or cold.
+func (m *metrics) startedNode(cluster string, warm bool) {
+	kind := "cold"
+	if warm {
+		kind = "warm"
+	}
+	m.kinds.WithLabelValues(cluster, kind).Inc()
+}
+
 func (m *metrics) capacityWait(cluster string) {
 	m.waits.WithLabelValues(cluster).Inc()
 }
@@ -200,4 +218,5 @@ func (m *metrics) forget(cluster string) {
 	m.unfit.DeletePartialMatch(l)
 	m.waits.DeletePartialMatch(l)
 	m.starts.DeletePartialMatch(l)
+	m.kinds.DeletePartialMatch(l)
 }

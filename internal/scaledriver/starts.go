@@ -37,6 +37,11 @@ import (
 // Without a boot timeline on the Node, kernel and agent are left out and registered is
 // the whole of VMM start -> Node registered; without Pulled events, image is left out and
 // container is the whole of Node Ready -> containers running.
+//
+// A warm start is a warm-pool VM's, booted before the decision and claimed for the node
+// (its boot timeline has identity-wait): its kernel phase is 0 and its agent phase only
+// the steps after the claim (identity done -> up), so registered is still the rest until
+// the Node appeared.
 const (
 	phaseDecision   = "decision"
 	phaseVMM        = "vmm"
@@ -82,7 +87,7 @@ func (t startTimes) phases() []phase {
 		{phaseVMM, clamp(t.vmm.Sub(t.decided))},
 	}
 	boot := t.registered.Sub(t.vmm)
-	if kernel, agent, err := t.timeline.Phases(); err == nil {
+	if kernel, agent, err := t.guest(); err == nil {
 		ps = append(ps, phase{phaseKernel, kernel}, phase{phaseAgent, agent})
 		boot -= kernel + agent
 	}
@@ -93,6 +98,15 @@ func (t startTimes) phases() []phase {
 		rest -= t.pull
 	}
 	return append(ps, phase{phaseContainer, clamp(rest)})
+}
+
+// guest is the kernel and agent phases from the boot timeline; see warm starts above.
+func (t startTimes) guest() (kernel, agent time.Duration, err error) {
+	if t.timeline.Warm() {
+		agent, err = t.timeline.WarmAgent()
+		return 0, agent, err
+	}
+	return t.timeline.Phases()
 }
 
 // podKey names a node's first Pod.
@@ -356,13 +370,15 @@ func (d *Driver) recordStarts(ctx context.Context) {
 			d.log.Warn("node start breakdown without its image phase", "node", f.node, "err", err)
 		}
 		ps := t.phases()
+		warm := t.timeline.Warm()
+		d.metrics.startedNode(d.cfg.Cluster, warm)
 		secs := make([]any, 0, len(ps)+1)
 		for _, p := range ps {
 			d.metrics.started(d.cfg.Cluster, p.name, p.took)
 			secs = append(secs, slog.Float64(p.name, seconds(p.took)))
 		}
 		secs = append(secs, slog.Float64("total", seconds(t.running.Sub(t.podCreated))))
-		d.log.Info("node start", "node", f.node, "pod", f.pod.namespace+"/"+f.pod.name,
+		d.log.Info("node start", "node", f.node, "pod", f.pod.namespace+"/"+f.pod.name, "warm", warm,
 			slog.Group("seconds", secs...), "bootTimeline", f.rawTimeline)
 	}
 }

@@ -3,6 +3,7 @@ package scaledriver
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -45,6 +46,12 @@ func TestStartPhases(t *testing.T) {
 			want: "decision=0 vmm=0.3 kernel=1.5 agent=2.5 registered=6 ready=3.5 image=3 container=8"},
 		{name: "guest phases longer than the host saw", change: func(t *startTimes) { t.timeline = boottimeline.Timeline{"start": 5, "up": 12} },
 			want: "decision=0.2 vmm=0.3 kernel=5 agent=7 registered=0 ready=3.5 image=3 container=8"},
+		{name: "warm start: no kernel, the agent after the claim", change: func(t *startTimes) {
+			t.timeline = boottimeline.Timeline{"start": 1.5, "identity-wait": 2, "identity": 600, "up": 601.5}
+		}, want: "decision=0.2 vmm=0.3 kernel=0 agent=1.5 registered=8.5 ready=3.5 image=3 container=8"},
+		{name: "warm start without up", change: func(t *startTimes) {
+			t.timeline = boottimeline.Timeline{"start": 1.5, "identity-wait": 2, "identity": 600}
+		}, want: "decision=0.2 vmm=0.3 registered=10 ready=3.5 image=3 container=8"},
 		{name: "running seen before ready", change: func(t *startTimes) { t.running, t.pulled = at(13.9), false },
 			want: "decision=0.2 vmm=0.3 kernel=1.5 agent=2.5 registered=6 ready=3.5 container=0"},
 	}
@@ -199,6 +206,23 @@ func (r *rig) waitStart(node string, ok func(nodeStart) bool) {
 // TestStartBreakdownMetrics boots a node through the driver and takes it through each
 // phase on the fake clock, then checks the histogram: one observation per phase, once.
 func TestStartBreakdownMetrics(t *testing.T) {
+	tests := []struct {
+		name     string
+		timeline string
+		warm     bool
+		// the guest phases: kernel, agent, registered (together the 10s from the VMM to
+		// the Node registered)
+		kernel, agent, registered string
+	}{
+		{name: "cold", timeline: `{"start":1.5,"mounts":1.6,"up":4}`, kernel: "1.5", agent: "2.5", registered: "6"},
+		{name: "warm", timeline: `{"start":1.5,"identity-wait":2,"identity":300,"up":301}`, warm: true, kernel: "0", agent: "1", registered: "9"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { testStartBreakdown(t, tt.timeline, tt.warm, tt.kernel, tt.agent, tt.registered) })
+	}
+}
+
+func testStartBreakdown(t *testing.T, timeline string, warm bool, kernel, agent, registered string) {
 	ctx := context.Background()
 	pod := startPod("job-1", "job-1-uid", t0)
 	r := newRig(t, Config{Resync: time.Hour}, false, []runtime.Object{pod})
@@ -226,7 +250,7 @@ func TestStartBreakdownMetrics(t *testing.T) {
 
 	r.clock.advance(10 * time.Second)
 	n := readyNode(name, false)
-	n.Annotations = map[string]string{boottimeline.Annotation: `{"start":1.5,"mounts":1.6,"up":4}`}
+	n.Annotations = map[string]string{boottimeline.Annotation: timeline}
 	if _, err := r.client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -295,16 +319,30 @@ func TestStartBreakdownMetrics(t *testing.T) {
 	}
 	// Pod created at t0, seen at t0+0.3s (the finer time, so its creation), decided t0+1s, VMM t0+3s, registered t0+13s,
 	// Ready t0+18s, containers running t0+25s.
-	want := map[string]string{"decision": "0.7", "vmm": "2", "kernel": "1.5", "agent": "2.5", "registered": "6",
+	want := map[string]string{"decision": "0.7", "vmm": "2", "kernel": kernel, "agent": agent, "registered": registered,
 		"ready": "5", "image": "3", "container": "4"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("phase sums %v, want %v\n%s", got, want, out)
 	}
 	// The log line bench/nodeboot reads.
-	wantLog := `"msg":"node start","node":"` + name + `","pod":"default/job-1","seconds":{"decision":0.7,"vmm":2,"kernel":1.5,"agent":2.5,` +
-		`"registered":6,"ready":5,"image":3,"container":4,"total":24.7},"bootTimeline":"{\"start\":1.5,\"mounts\":1.6,\"up\":4}"}`
+	bt, err := json.Marshal(timeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLog := fmt.Sprintf(`"msg":"node start","node":"%s","pod":"default/job-1","warm":%t,"seconds":{"decision":0.7,"vmm":2,"kernel":%s,"agent":%s,`+
+		`"registered":%s,"ready":5,"image":3,"container":4,"total":24.7},"bootTimeline":%s}`, name, warm, kernel, agent, registered, bt)
 	if c := strings.Count(logs.String(), `"msg":"node start"`); c != 1 || !strings.Contains(logs.String(), wantLog) {
 		t.Errorf("log has %d node start lines, want 1:\n%s\nwant\n%s", c, logs.String(), wantLog)
+	}
+	kind, other := "cold", "warm"
+	if warm {
+		kind, other = other, kind
+	}
+	if got := testutil.ToFloat64(r.d.metrics.kinds.WithLabelValues("liveweb", kind)); got != 1 {
+		t.Errorf("socialweb_node_starts_total{start=%q} = %g, want 1", kind, got)
+	}
+	if c := testutil.CollectAndCount(r.d.metrics.kinds); c != 1 {
+		t.Errorf("%d series of socialweb_node_starts_total, want only start=%q (none %q)", c, kind, other)
 	}
 	if len(r.d.starts.nodes) != 0 {
 		t.Errorf("the node is still followed after it was recorded")
