@@ -184,8 +184,9 @@ func otherSpecs() []images.DebianSpec {
 }
 
 // buildImages builds (or takes from the cache) the Debian images specs and, with
-// withOwn, socialweb's busybox and pause, which are pushed under the e2e suite's names
-// as well.
+// withOwn, socialweb's busybox (the variant whose sh is bash: the envFrom-prefix tests
+// need upstream ash's passing of variables that are not identifiers, which Debian's
+// busybox drops) and pause, which are pushed under the e2e suite's names as well.
 func buildImages(ctx context.Context, specs []images.DebianSpec, withOwn bool, opts images.Options, log *slog.Logger) ([]testImage, error) {
 	var out []testImage
 	for _, s := range specs {
@@ -200,7 +201,7 @@ func buildImages(ctx context.Context, specs []images.DebianSpec, withOwn bool, o
 		for _, b := range []struct {
 			name string
 			ref  string
-		}{{images.Busybox, busyboxRef}, {images.Pause, pauseRef}} {
+		}{{images.BusyboxBash, busyboxRef}, {images.Pause, pauseRef}} {
 			t0 := time.Now()
 			tarPath, digest, err := images.Build(ctx, b.name, opts)
 			if err != nil {

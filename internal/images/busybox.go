@@ -43,12 +43,92 @@ func run(ctx context.Context, dir string, name string, args ...string) ([]byte, 
 	return out, nil
 }
 
+// BashPackage is the Debian package BusyboxBash's /bin/sh comes from.
+const BashPackage = "bash-static"
+
+type busyboxBashIn struct {
+	Busybox busyboxIn `json:"busybox"`
+	Bash    busyboxIn `json:"bash"`
+}
+
+func busyboxBashInputs(ctx context.Context) (busyboxBashIn, error) {
+	bb, err := busyboxInputs(ctx)
+	if err != nil {
+		return busyboxBashIn{}, err
+	}
+	v, err := aptCandidate(ctx, BashPackage)
+	if err != nil {
+		return busyboxBashIn{}, err
+	}
+	return busyboxBashIn{Busybox: bb, Bash: busyboxIn{Package: BashPackage, Version: v}}, nil
+}
+
+// busyboxBashImage is the busybox image with bash-static as /bin/sh. Debian builds
+// busybox's ash with a patch (temp-deb-installer-hack) that drops environment variables
+// whose names are not shell identifiers ("data-1", "1-x") instead of passing them to
+// children, as upstream's ash (and so the busybox image the Kubernetes e2e suite uses)
+// does; the conformance tests of envFrom prefixes run `sh -c env` and look for them.
+// bash passes them on, also as sh.
+func busyboxBashImage(ctx context.Context, work string, in busyboxBashIn, opts Options) (imageSpec, error) {
+	files, err := busyboxFiles(ctx, work, in.Busybox, opts)
+	if err != nil {
+		return imageSpec{}, err
+	}
+	deb, err := fetchDeb(ctx, in.Bash.Package, in.Bash.Version, opts)
+	if err != nil {
+		return imageSpec{}, err
+	}
+	tree := filepath.Join(work, "bash-deb")
+	if _, err := run(ctx, "", "dpkg-deb", "-x", deb, tree); err != nil {
+		return imageSpec{}, err
+	}
+	bash, err := os.ReadFile(filepath.Join(tree, "bin", "bash-static"))
+	if err != nil {
+		return imageSpec{}, fmt.Errorf("images: %s %s has no /bin/bash-static: %w", in.Bash.Package, in.Bash.Version, err)
+	}
+	replaced := false
+	for i := range files {
+		if files[i].path == "bin/sh" {
+			files[i] = tarFile{path: "bin/sh", mode: 0o755, typ: tar.TypeReg, data: bash}
+			replaced = true
+		}
+	}
+	if !replaced {
+		return imageSpec{}, fmt.Errorf("images: the busybox layer has no bin/sh to replace")
+	}
+	files = append(files, tarFile{path: "bin/bash", mode: 0o777, typ: tar.TypeSymlink, link: "sh"})
+	layer, err := layerTar(files)
+	if err != nil {
+		return imageSpec{}, err
+	}
+	return imageSpec{
+		layers: []blob{layer},
+		history: []string{fmt.Sprintf("socialweb images: busybox from Debian %s %s, /bin/sh from %s %s",
+			in.Busybox.Package, in.Busybox.Version, in.Bash.Package, in.Bash.Version)},
+		config: containerConfig{
+			Env: defaultEnv,
+			Cmd: []string{"sh"},
+			Labels: map[string]string{"computer.socialweb.image.source": "debian " + in.Busybox.Package + " " + in.Busybox.Version +
+				", /bin/sh: " + in.Bash.Package + " " + in.Bash.Version},
+		},
+	}, nil
+}
+
 // busyboxInputs asks apt which busybox-static version it would fetch (the host's apt lists
 // must be current: apt-get update).
 func busyboxInputs(ctx context.Context) (busyboxIn, error) {
-	out, err := run(ctx, "", "apt-cache", "policy", BusyboxPackage)
+	v, err := aptCandidate(ctx, BusyboxPackage)
 	if err != nil {
 		return busyboxIn{}, err
+	}
+	return busyboxIn{Package: BusyboxPackage, Version: v}, nil
+}
+
+// aptCandidate is the version of pkg apt would fetch.
+func aptCandidate(ctx context.Context, pkg string) (string, error) {
+	out, err := run(ctx, "", "apt-cache", "policy", pkg)
+	if err != nil {
+		return "", err
 	}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
@@ -57,10 +137,10 @@ func busyboxInputs(ctx context.Context) (busyboxIn, error) {
 			if v == "" || v == "(none)" {
 				break
 			}
-			return busyboxIn{Package: BusyboxPackage, Version: v}, nil
+			return v, nil
 		}
 	}
-	return busyboxIn{}, fmt.Errorf("images: apt has no candidate version of %s: run apt-get update on the host", BusyboxPackage)
+	return "", fmt.Errorf("images: apt has no candidate version of %s: run apt-get update on the host", pkg)
 }
 
 // fetchDeb returns the cached .deb of pkg=version, downloading it with apt-get download

@@ -57,13 +57,17 @@ const FormatVersion = 1
 const (
 	Pause   = "pause"
 	Busybox = "busybox"
+	// BusyboxBash is busybox with bash-static as /bin/sh, for suites that need the
+	// environment passing of upstream's busybox (see busyboxBashFiles).
+	BusyboxBash = "busybox-bash"
 )
 
 // Refs are the references each image is tagged with in its layout's index.json (and so
 // in the registry after Import).
 var Refs = map[string][]string{
-	Pause:   {"registry.k8s.io/pause:3.10"},
-	Busybox: {"docker.io/library/busybox:stable", "docker.io/library/busybox:latest"},
+	Pause:       {"registry.k8s.io/pause:3.10"},
+	Busybox:     {"docker.io/library/busybox:stable", "docker.io/library/busybox:latest"},
+	BusyboxBash: {"socialweb.test/busybox-bash:latest"},
 }
 
 // Options tune Build and Large.
@@ -131,8 +135,16 @@ func Build(ctx context.Context, name string, opts Options) (tarPath, digest stri
 		return cached(ctx, Busybox, in, Refs[Busybox], opts, func(ctx context.Context, work string) (imageSpec, error) {
 			return busyboxImage(ctx, work, in, opts)
 		})
+	case BusyboxBash:
+		in, err := busyboxBashInputs(ctx)
+		if err != nil {
+			return "", "", err
+		}
+		return cached(ctx, BusyboxBash, in, Refs[BusyboxBash], opts, func(ctx context.Context, work string) (imageSpec, error) {
+			return busyboxBashImage(ctx, work, in, opts)
+		})
 	}
-	return "", "", fmt.Errorf("images: unknown image %q (known: %s, %s)", name, Pause, Busybox)
+	return "", "", fmt.Errorf("images: unknown image %q (known: %s, %s, %s)", name, Pause, Busybox, BusyboxBash)
 }
 
 func canonicalImage(name string) string {

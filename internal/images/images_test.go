@@ -484,6 +484,46 @@ func TestBusybox(t *testing.T) {
 	}
 }
 
+// TestBusyboxBash: the image's sh passes environment variables whose names are not
+// identifiers on to its children (Debian's busybox ash drops them), and busybox's applets
+// are still there.
+func TestBusyboxBash(t *testing.T) {
+	needBusybox(t)
+	ctx := context.Background()
+	opts := testOpts(t, sharedCache())
+	tarPath, digest, err := Build(ctx, BusyboxBash, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := importAndPull(t, tarPath, Refs[BusyboxBash][0])
+	if img.digest != digest || len(img.layers) != 1 {
+		t.Fatalf("digest %s (built %s), %d layers", img.digest, digest, len(img.layers))
+	}
+	_, files := readLayer(t, img.layers[0])
+	sh, bb := files["bin/sh"], files["bin/busybox"]
+	if sh.hdr == nil || sh.hdr.Typeflag != tar.TypeReg || !bytes.HasPrefix(sh.data, []byte("\x7fELF")) {
+		t.Fatalf("bin/sh: want bash-static, got %+v", sh.hdr)
+	}
+	if e := files["bin/wget"]; e.hdr == nil || e.hdr.Linkname != "busybox" || bb.hdr == nil {
+		t.Fatalf("bin/wget: want busybox's applet, got %+v", e.hdr)
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "busybox"), bb.data, 0o755)
+	os.Symlink("busybox", filepath.Join(dir, "env"))
+	os.WriteFile(filepath.Join(dir, "sh"), sh.data, 0o755)
+	cmd := exec.Command(filepath.Join(dir, "sh"), "-c", "env")
+	cmd.Env = []string{"PATH=" + dir, "data-1=value-1", "#@!data-1=value-1", "ABC_data-1=value-1"}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("sh -c env: %v: %s", err, out)
+	}
+	for _, want := range []string{"data-1=value-1", "#@!data-1=value-1", "ABC_data-1=value-1"} {
+		if !strings.Contains(string(out), want+"\n") {
+			t.Errorf("sh -c env lost %q; it printed:\n%s", want, out)
+		}
+	}
+}
+
 func TestLarge(t *testing.T) {
 	needBusybox(t)
 	old := largeLayerMiB
