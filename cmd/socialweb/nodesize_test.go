@@ -85,3 +85,19 @@ func TestEnvTwinIsGiven(t *testing.T) {
 		t.Error("--node-cpus changed without its twin")
 	}
 }
+
+// serve --warm-pool defaults to no pool and has its env twin.
+func TestWarmPoolFlag(t *testing.T) {
+	cmd := newServeCommand(&globalOptions{})
+	f := cmd.Flags().Lookup("warm-pool")
+	if f == nil || f.DefValue != "0" || !strings.Contains(f.Usage, "$SOCIALWEB_WARM_POOL") {
+		t.Fatalf("--warm-pool: %+v", f)
+	}
+	t.Setenv("SOCIALWEB_WARM_POOL", "2")
+	if err := applyEnv(cmd); err != nil {
+		t.Fatal(err)
+	}
+	if f.Value.String() != "2" {
+		t.Errorf("--warm-pool after SOCIALWEB_WARM_POOL=2: %s", f.Value)
+	}
+}

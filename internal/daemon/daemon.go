@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -69,7 +70,11 @@ type Options struct {
 	// SharedLayers unpacks every image layer of the host registry once, on the host, and
 	// gives each node VM the unpacked layers read-only through virtio-fs; false leaves
 	// nodes pulling and unpacking every layer themselves.
-	SharedLayers   bool
+	SharedLayers bool
+	// WarmPool is how many node VMs of the default node size (Defaults' NodeCPUs,
+	// NodeMemory, NodeDisk) are kept booted for no cluster, handed to the first clusters
+	// that want a node of that size; 0 keeps none.
+	WarmPool       int
 	MetricsAddress string
 	// FrontDoor is host:port of the one listener every tenant is reached
 	// through, by SNI; empty leaves each tenant on its own loopback port only.
@@ -104,6 +109,27 @@ func validateSizeDefaults(d provider.Defaults) error {
 		errs = append(errs, fmt.Errorf("--default-node-disk %s: want a size such as 10Gi, or 0 for nodes without a disk of their own", d.NodeDisk.String()))
 	}
 	return errors.Join(errs...)
+}
+
+// validateWarmPool checks --warm-pool: its size, and that its VMs (the default node size)
+// fit this host.
+func validateWarmPool(o Options) error {
+	if err := qemu.ValidatePoolSize(o.WarmPool); err != nil {
+		return fmt.Errorf("--warm-pool %d: want 0 (no pool) to %d pre-booted node VMs", o.WarmPool, qemu.MaxPoolSize)
+	}
+	if o.WarmPool == 0 {
+		return nil
+	}
+	if err := qemu.CheckHostFits(int64(o.Defaults.NodeCPUs), o.Defaults.NodeMemory.Value()>>20); err != nil {
+		return fmt.Errorf("--warm-pool %d: its VMs have the default node size (--default-node-cpus, --default-node-memory), which this host cannot run: %w", o.WarmPool, err)
+	}
+	return nil
+}
+
+// warmPoolShape is the size of the warm pool's VMs: the default node size, what a cluster
+// created without node size flags asks for.
+func warmPoolShape(d provider.Defaults) qemu.PoolShape {
+	return qemu.PoolShape{CPUs: int64(d.NodeCPUs), MemoryMiB: d.NodeMemory.Value() >> 20, DiskMiB: d.NodeDisk.Value() >> 20}
 }
 
 // validated is Options after every check that can fail without side effects.
@@ -171,6 +197,9 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	if err := qemu.ValidateTCGCache(o.TCGCacheMiB); err != nil {
 		return v, fmt.Errorf("--tcg-cache-mib: %w", err)
 	}
+	if err := validateWarmPool(o); err != nil {
+		return v, err
+	}
 	if o.NodeImage != "" {
 		if _, err := nodeimage.ReadManifest(o.NodeImage); err != nil {
 			return v, fmt.Errorf("--node-image %s is not a node image (%v): build one with `socialweb image build` and pass the dir it prints", o.NodeImage, err)
@@ -203,6 +232,9 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 		log.Info("node accelerator chosen", attrs...)
 	} else if mode == qemu.AccelKVM {
 		log.Warn("--accel kvm without --node-image: there is no node kernel to probe, and no node will boot")
+	}
+	if o.WarmPool > 0 && o.NodeImage == "" {
+		log.Warn("--warm-pool without --node-image: there is no node image to boot pool VMs from; no pool is kept")
 	}
 	return v, nil
 }
@@ -294,10 +326,20 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	}
 	nodeServices, err := nodeservice.Start(ctx,
 		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, BootTimeout: v.NodeBootTimeout,
-			SharedLayers: v.SharedLayers, Executable: v.Executable},
+			SharedLayers: v.SharedLayers, Executable: v.Executable, WarmPool: v.WarmPool, WarmPoolShape: warmPoolShape(v.Defaults)},
 		nodeservice.Deps{Networks: nets, Plan: plan, Status: provider.ScaleStatus{Client: dyn}, Metrics: reg, Log: log})
 	if err != nil {
 		return err
+	}
+	if c, ok := nodeServices.(io.Closer); ok {
+		// Before the control planes stop (deferred earlier, so run later): the node
+		// provider destroys its unclaimed warm-pool VMs; nodes keep running for the next
+		// serve to adopt.
+		defer func() {
+			if err := c.Close(); err != nil {
+				log.Error("closing the node provider", "err", err)
+			}
+		}()
 	}
 	prov = provider.New(provider.Config{
 		NodeNetworks: networks,

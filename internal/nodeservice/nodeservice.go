@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -208,6 +209,16 @@ func (h *Host) Stop(name string) {
 	}
 	r.cancel()
 	<-r.done
+}
+
+// Close closes the node provider at daemon stop, if it can be closed: the qemu
+// provider destroys its unclaimed warm-pool VMs and releases its state dir, and leaves
+// the nodes running for the next serve to adopt.
+func (h *Host) Close() error {
+	if c, ok := h.provider.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
 }
 
 // DeleteAll deletes every machine of a cluster (on cluster delete).

@@ -47,6 +47,10 @@ type Config struct {
 	// binary, re-run to start virtiofsd read-only.
 	SharedLayers bool
 	Executable   string
+	// WarmPool is how many node VMs of WarmPoolShape (the default node size) the qemu
+	// provider keeps booted for no cluster; 0 keeps none.
+	WarmPool      int
+	WarmPoolShape qemu.PoolShape
 }
 
 // LayersDir is the host layer store under a daemon's state dir.
@@ -89,10 +93,17 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 		}
 		layers = &layershare.Config{Dir: store.Dir(), Executable: cfg.Executable}
 	}
-	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(cfg.StateDir, "nodes"), ImageDir: cfg.NodeImage, Verdict: cfg.Verdict, TCGCacheMiB: cfg.TCGCacheMiB, Layers: layers},
+	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(cfg.StateDir, "nodes"), ImageDir: cfg.NodeImage, Verdict: cfg.Verdict, TCGCacheMiB: cfg.TCGCacheMiB, Layers: layers,
+		PoolSize: cfg.WarmPool, PoolShape: cfg.WarmPoolShape},
 		qemu.Deps{Networks: deps.Networks, Joiner: joiners, Plan: deps.Plan, Log: log.With("component", "qemu")})
 	if err != nil {
 		return nil, fmt.Errorf("starting the node provider: %w", err)
+	}
+	if deps.Metrics != nil {
+		if err := deps.Metrics.Register(qp.PoolCollector()); err != nil {
+			qp.Close()
+			return nil, fmt.Errorf("registering the warm pool's metrics: %w", err)
+		}
 	}
 	res, err := qp.Recover(ctx)
 	if err != nil {

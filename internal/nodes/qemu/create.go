@@ -40,6 +40,10 @@ type instance struct {
 
 	progressed bool   // its console showed kernel progress (see EarlyBootStall)
 	stalled    string // why it is stuck in early boot; "" if it is not (known to be)
+
+	// Warm pool (pool.go); rec.Pool says the VM is one.
+	claiming  bool // a Create is handing it to a node
+	poolReady bool // its guest waits for its identity (console: poolReadyMarker)
 }
 
 // alive reports whether the VM's qemu runs (or, during Create, may still come to run).
@@ -77,7 +81,8 @@ func (p *Provider) ready() error {
 // subnet, clones the image's root disk, writes the identity disk, adds the tap and starts
 // qemu, returning once qemu reports the guest running (not booted, not joined). On error
 // everything it made is undone; if undoing fails, the node stays in List (Terminated) so
-// Delete can finish the job.
+// Delete can finish the job. With a warm pool, a node of the pool's size takes a pool VM
+// instead (claim, pool.go), and a node the host has no room for destroys one first.
 func (p *Provider) Create(ctx context.Context, req nodes.NodeRequest) (nodes.Instance, error) {
 	t0 := time.Now()
 	if err := p.ready(); err != nil {
@@ -96,7 +101,14 @@ func (p *Provider) Create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 	if plan.NodeCIDR == nil || plan.Gateway == nil {
 		return nodes.Instance{}, fmt.Errorf("node %s: network plan of cluster %s is incomplete: build it with nodenet.ForIndex", req.Name, req.Cluster)
 	}
+	if inst, ok := p.claim(ctx, req, plan, t0); ok {
+		return inst, nil
+	}
 	inst, addr, err := p.reserve(req, plan)
+	if nodes.IsCapacity(err) && p.evictPoolVM(req.Name) {
+		// The warm pool never keeps a node out: one of its VMs made room.
+		inst, addr, err = p.reserve(req, plan)
+	}
 	if err != nil {
 		return nodes.Instance{}, err
 	}
@@ -121,50 +133,74 @@ func (p *Provider) Create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 	if err := identity.Encode(&disk, id); err != nil {
 		return nodes.Instance{}, fmt.Errorf("node %s: identity disk: %w", req.Name, err)
 	}
-	if err := os.WriteFile(filepath.Join(inst.dir, fileIdentity), disk.Bytes(), 0o600); err != nil {
-		return nodes.Instance{}, fmt.Errorf("node %s: writing identity disk: %w", req.Name, err)
+	addTap := func(ctx context.Context) (nodenet.Tap, error) {
+		return p.deps.Networks.AddTap(ctx, req.Cluster, plan, req.Name)
 	}
-	tc := time.Now()
-	method, err := cloneFile(filepath.Join(p.imageDir, nodeimage.FileRootfs), filepath.Join(inst.dir, fileRootfs))
+	b, err := p.boot(ctx, inst, disk.Bytes(), addTap, &tapAdded)
 	if err != nil {
-		return nodes.Instance{}, fmt.Errorf("node %s: cloning the root disk into %s: %w", req.Name, inst.dir, err)
-	}
-	cloneTook := time.Since(tc)
-	if req.DiskMiB > 0 {
-		if err := makeDataDisk(ctx, filepath.Join(inst.dir, fileData), req.DiskMiB); err != nil {
-			return nodes.Instance{}, fmt.Errorf("node %s: making its %d MiB data disk: %w", req.Name, req.DiskMiB, err)
-		}
-	}
-
-	tapAdded = true // a failed AddTap may have made the tap; RemoveTap of a missing one is fine
-	tap, err := p.deps.Networks.AddTap(ctx, req.Cluster, plan, req.Name)
-	if err != nil {
-		return nodes.Instance{}, fmt.Errorf("node %s: adding its tap: %w", req.Name, err)
-	}
-	if tap.Name != inst.rec.Tap || (tap.MAC != nil && !strings.EqualFold(tap.MAC.String(), inst.rec.MAC)) {
-		// The record (and the identity disk) were written with nodenet's naming before
-		// the tap existed; a tap made differently would make them lie.
-		_ = p.deps.Networks.RemoveTap(context.WithoutCancel(ctx), tap.Name)
-		return nodes.Instance{}, fmt.Errorf("node %s: the network made tap %s (MAC %s), want %s (MAC %s) as nodenet.TapName and NodeMAC say",
-			req.Name, tap.Name, tap.MAC, inst.rec.Tap, inst.rec.MAC)
-	}
-
-	l := p.launchFor(inst)
-	ts := time.Now()
-	if err := p.start(inst, l); err != nil {
-		return nodes.Instance{}, fmt.Errorf("node %s: starting qemu: %w", req.Name, err)
-	}
-	if err := p.waitRunning(ctx, inst); err != nil {
-		return nodes.Instance{}, fmt.Errorf("node %s: %w", req.Name, err)
+		return nodes.Instance{}, err
 	}
 	ok = true
 	p.mu.Lock()
 	inst.creating = false
 	p.mu.Unlock()
 	log.Info("node VM started", "address", inst.rec.Address, "tap", inst.rec.Tap, "pid", inst.rec.Process.PID,
-		"accel", inst.rec.Accel, "rootfs", string(method), "clone", cloneTook.Round(time.Millisecond),
-		"qemuUp", time.Since(ts).Round(time.Millisecond), "took", time.Since(t0).Round(time.Millisecond))
+		"accel", inst.rec.Accel, "rootfs", string(b.method), "clone", b.clone.Round(time.Millisecond),
+		"qemuUp", b.qemuUp.Round(time.Millisecond), "took", time.Since(t0).Round(time.Millisecond))
 	return p.instanceView(inst, nodes.StateRunning), nil
+}
+
+// booted is how a VM's boot went, for its log line.
+type booted struct {
+	method        cloneMethod
+	clone, qemuUp time.Duration
+}
+
+// boot makes what inst's VM boots from in its directory (the identity disk idDisk, the
+// root disk's clone, the data disk), adds its tap with addTap and starts qemu, returning
+// once qemu runs the guest. It serves both a node's Create and a warm-pool VM's boot, so
+// the two boot alike. *tapAdded is set once the tap may exist, for the caller's undo.
+func (p *Provider) boot(ctx context.Context, inst *instance, idDisk []byte, addTap func(context.Context) (nodenet.Tap, error), tapAdded *bool) (booted, error) {
+	var b booted
+	name := inst.rec.Request.Name
+	if err := os.WriteFile(filepath.Join(inst.dir, fileIdentity), idDisk, 0o600); err != nil {
+		return b, fmt.Errorf("node %s: writing identity disk: %w", name, err)
+	}
+	tc := time.Now()
+	method, err := cloneFile(filepath.Join(p.imageDir, nodeimage.FileRootfs), filepath.Join(inst.dir, fileRootfs))
+	if err != nil {
+		return b, fmt.Errorf("node %s: cloning the root disk into %s: %w", name, inst.dir, err)
+	}
+	b.method, b.clone = method, time.Since(tc)
+	if d := inst.rec.Request.DiskMiB; d > 0 {
+		if err := makeDataDisk(ctx, filepath.Join(inst.dir, fileData), d); err != nil {
+			return b, fmt.Errorf("node %s: making its %d MiB data disk: %w", name, d, err)
+		}
+	}
+
+	*tapAdded = true // a failed AddTap may have made the tap; RemoveTap of a missing one is fine
+	tap, err := addTap(ctx)
+	if err != nil {
+		return b, fmt.Errorf("node %s: adding its tap: %w", name, err)
+	}
+	if tap.Name != inst.rec.Tap || (tap.MAC != nil && !strings.EqualFold(tap.MAC.String(), inst.rec.MAC)) {
+		// The record (and the identity disk) were written with nodenet's naming before
+		// the tap existed; a tap made differently would make them lie.
+		_ = p.deps.Networks.RemoveTap(context.WithoutCancel(ctx), tap.Name)
+		return b, fmt.Errorf("node %s: the network made tap %s (MAC %s), want %s (MAC %s) as nodenet's names say",
+			name, tap.Name, tap.MAC, inst.rec.Tap, inst.rec.MAC)
+	}
+
+	l := p.launchFor(inst)
+	ts := time.Now()
+	if err := p.start(inst, l); err != nil {
+		return b, fmt.Errorf("node %s: starting qemu: %w", name, err)
+	}
+	if err := p.waitRunning(ctx, inst); err != nil {
+		return b, fmt.Errorf("node %s: %w", name, err)
+	}
+	b.qemuUp = time.Since(ts)
+	return b, nil
 }
 
 func (p *Provider) instanceView(inst *instance, st nodes.State) nodes.Instance {
@@ -172,7 +208,7 @@ func (p *Provider) instanceView(inst *instance, st nodes.State) nodes.Instance {
 		Cluster:    inst.rec.Request.Cluster,
 		Name:       inst.rec.Request.Name,
 		ProviderID: nodes.ProviderID(inst.rec.Request.Cluster, inst.rec.Request.Name),
-		Created:    inst.rec.Created,
+		Created:    inst.rec.since(),
 		State:      st,
 		CPUs:       inst.rec.Request.CPUs,
 		MemoryMiB:  inst.rec.Request.MemoryMiB,
@@ -185,28 +221,16 @@ func (p *Provider) instanceView(inst *instance, st nodes.State) nodes.Instance {
 func (p *Provider) reserve(req nodes.NodeRequest, plan nodenet.Plan) (*instance, net.IP, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, ok := p.insts[req.Name]; ok {
-		return nil, nil, fmt.Errorf("node %s already exists: node names are never reused (make a new one with nodes.NewNodeName)", req.Name)
-	}
-	if err := p.checkCapacity(req); err != nil {
+	if err := p.admitLocked(req); err != nil {
 		return nil, nil, err
 	}
-	var inUse []net.IP
-	for _, in := range p.insts {
-		if ip := addressOf(in.rec.Address); ip != nil {
-			inUse = append(inUse, ip)
-		}
-	}
-	addr, err := nodenet.NodeIPAM{Plan: plan}.Next(inUse)
+	addr, err := p.nextAddressLocked(plan)
 	if err != nil {
 		return nil, nil, fmt.Errorf("node %s: %w", req.Name, err)
 	}
-	dir := p.nodeDir(req.Name)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return nil, nil, fmt.Errorf("node %s: its directory %s already exists although no such node is known: node names are never reused; if it is a leftover, Recover removes it at start", req.Name, dir)
-		}
-		return nil, nil, fmt.Errorf("node %s: %w", req.Name, err)
+	dir, err := p.makeDir(req.Name)
+	if err != nil {
+		return nil, nil, err
 	}
 	ones, _ := plan.NodeCIDR.Mask.Size()
 	inst := &instance{dir: dir, creating: true, rec: record{
@@ -224,6 +248,39 @@ func (p *Provider) reserve(req nodes.NodeRequest, plan nodenet.Plan) (*instance,
 	}}
 	p.insts[req.Name] = inst
 	return inst, addr, nil
+}
+
+// admitLocked refuses a name in use and a VM the host has no room for. Called with p.mu
+// held, so that parallel boots see each other's claims.
+func (p *Provider) admitLocked(req nodes.NodeRequest) error {
+	if _, ok := p.insts[req.Name]; ok {
+		return fmt.Errorf("node %s already exists: node names are never reused (make a new one with nodes.NewNodeName)", req.Name)
+	}
+	return p.checkCapacity(req)
+}
+
+// nextAddressLocked is the lowest free address of the plan's node subnet over every VM
+// this provider has. Called with p.mu held.
+func (p *Provider) nextAddressLocked(plan nodenet.Plan) (net.IP, error) {
+	var inUse []net.IP
+	for _, in := range p.insts {
+		if ip := addressOf(in.rec.Address); ip != nil {
+			inUse = append(inUse, ip)
+		}
+	}
+	return nodenet.NodeIPAM{Plan: plan}.Next(inUse)
+}
+
+// makeDir makes the VM's directory; one that exists is refused, never reused.
+func (p *Provider) makeDir(name string) (string, error) {
+	dir := p.nodeDir(name)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return "", fmt.Errorf("node %s: its directory %s already exists although no such node is known: node names are never reused; if it is a leftover, Recover removes it at start", name, dir)
+		}
+		return "", fmt.Errorf("node %s: %w", name, err)
+	}
+	return dir, nil
 }
 
 // identity asks the Joiner for the node's identity and fills in, or checks, what the
@@ -350,7 +407,10 @@ func (p *Provider) start(inst *instance, l launch) error {
 		err := cmd.Wait()
 		inst.exitErr, inst.exitedAt = err, time.Now()
 		close(done)
-		p.log.Info("node VM exited", "node", l.Name, "pid", cmd.Process.Pid, "status", exitText(err))
+		p.mu.Lock()
+		name := inst.rec.Request.Name // a warm-pool VM may have become a node since
+		p.mu.Unlock()
+		p.log.Info("node VM exited", "node", name, "pid", cmd.Process.Pid, "status", exitText(err))
 	}()
 	id, err := supervisor.ObserveStarted(cmd.Process.Pid)
 	if err != nil {

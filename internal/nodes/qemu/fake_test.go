@@ -8,11 +8,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -42,11 +44,16 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// fakePoolBootDelay is how long a fake pool VM's guest takes to reach its identity step.
+const fakePoolBootDelay = 200 * time.Millisecond
+
 // fakeQemu checks its arguments the way qemu would fail on them, writes the identity's
 // node name to the console file, serves QMP, and exits on system_powerdown or SIGTERM.
 // The node name selects misbehaviour: "crash" exits at once with an error on stderr,
 // "hang" never opens QMP, "stubborn" ignores system_powerdown and SIGTERM, "dies"
-// exits 3 a second after starting, printing a panic to the console.
+// exits 3 a second after starting, printing a panic to the console, "mute" prints a
+// kernel banner and nothing more. A warm-pool VM (the pool marker on its identity disk)
+// prints the agent's identity-wait line and, once claimed, the identity it then reads.
 func fakeQemu(args []string) int {
 	opt := map[string][]string{}
 	noValue := map[string]bool{"-nodefaults": true, "-no-user-config": true, "-nographic": true, "-no-reboot": true}
@@ -95,18 +102,44 @@ func fakeQemu(args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	f, _ := os.Open(idDisk)
-	id, err := identity.Decode(f)
+	// Held open like qemu's disk: a claim must rewrite this file, not replace it.
+	f, err := os.Open(idDisk)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if strings.Contains(name, "edd") { // stuck in the real-mode stub, as under nested PVM
+	id, err := identity.Decode(io.NewSectionReader(f, 0, identity.MaxSize))
+	pooled := errors.Is(err, identity.ErrUnclaimed)
+	if err != nil && !pooled {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	switch {
+	case strings.Contains(name, "edd"): // stuck in the real-mode stub, as under nested PVM
 		fmt.Fprintf(con, "Probing EDD (edd=off to disable)... ok\r\n")
-	} else {
+	case strings.Contains(name, "mute"): // a kernel that runs but an agent that never waits
+		fmt.Fprintf(con, "[    0.000000] Linux version 6.1.0-fake (fake qemu)\r\n")
+	default:
 		fmt.Fprintf(con, "[    0.000000] Linux version 6.1.0-fake (fake qemu)\r\n")
 		fmt.Fprintf(con, "[    0.000000] Command line: %s\r\n", opt["-append"][0])
-		fmt.Fprintf(con, "SWQT NAME %s\r\nSWQT ADDRESS %s\r\n", id.NodeName, id.Address)
+		if !pooled {
+			fmt.Fprintf(con, "SWQT NAME %s\r\nSWQT ADDRESS %s\r\n", id.NodeName, id.Address)
+			break
+		}
+		// A warm-pool VM: the agent parks at its identity step and reads the disk again
+		// until a claim wrote an identity into it.
+		go func() {
+			time.Sleep(fakePoolBootDelay)
+			fmt.Fprintf(con, "time=fake level=INFO msg=agent step=identity-wait\r\n")
+			for {
+				id, err := identity.Decode(io.NewSectionReader(f, 0, identity.MaxSize))
+				if err == nil {
+					fmt.Fprintf(con, "SWQT NAME %s\r\nSWQT ADDRESS %s\r\nSWQT MAC %s\r\n", id.NodeName, id.Address, id.MAC)
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
 	}
 	if strings.Contains(name, "dies") {
 		go func() { // after Create has seen it running
@@ -189,7 +222,9 @@ type fakeNetworks struct {
 	added     int
 	failAdd   error
 	failRem   error
+	failClaim error
 	removeLog []string
+	claimLog  []string // "<pool tap> -> <tap>"
 }
 
 func newFakeNetworks() *fakeNetworks { return &fakeNetworks{taps: map[string]string{}} }
@@ -215,6 +250,58 @@ func (f *fakeNetworks) RemoveTap(ctx context.Context, name string) error {
 	delete(f.taps, name)
 	f.removeLog = append(f.removeLog, name)
 	return nil
+}
+
+func (f *fakeNetworks) AddPoolTap(ctx context.Context, vm string) (nodenet.Tap, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failAdd != nil {
+		return nodenet.Tap{}, f.failAdd
+	}
+	t := nodenet.Tap{Name: nodenet.PoolTapName(vm), MAC: nodenet.PoolMAC(vm)}
+	f.taps[t.Name] = vm
+	f.added++
+	return t, nil
+}
+
+func (f *fakeNetworks) ClaimTap(ctx context.Context, poolTap, cluster string, plan nodenet.Plan, node string) (nodenet.Tap, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failClaim != nil {
+		return nodenet.Tap{}, f.failClaim
+	}
+	if _, ok := f.taps[poolTap]; !ok {
+		return nodenet.Tap{}, fmt.Errorf("claiming pool tap %s: no such tap", poolTap)
+	}
+	t := nodenet.Tap{Name: nodenet.TapName(plan.Index, cluster, node), Bridge: nodenet.BridgeName(plan.Index)}
+	delete(f.taps, poolTap)
+	f.taps[t.Name] = node
+	f.claimLog = append(f.claimLog, poolTap+" -> "+t.Name)
+	return t, nil
+}
+
+func (f *fakeNetworks) PoolTaps(ctx context.Context) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for t := range f.taps {
+		if strings.HasPrefix(t, "swp-") {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
+
+// tapNames lists the taps, sorted.
+func (f *fakeNetworks) tapNames() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for t := range f.taps {
+		out = append(out, t)
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (f *fakeNetworks) count() int {

@@ -41,6 +41,9 @@ func (p *Provider) List(ctx context.Context) ([]nodes.Instance, error) {
 	defer p.mu.Unlock()
 	out := make([]nodes.Instance, 0, len(p.insts))
 	for _, in := range p.insts {
+		if in.rec.Pool {
+			continue // a warm-pool VM, or one still being claimed: no cluster's node (yet)
+		}
 		out = append(out, p.instanceView(in, in.state()))
 	}
 	slices.SortFunc(out, func(a, b nodes.Instance) int { return strings.Compare(a.Name, b.Name) })
@@ -61,7 +64,8 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 		p.mu.Lock()
 		in := p.insts[name]
 		switch {
-		case in == nil:
+		case in == nil, in.rec.Pool && !in.claiming:
+			// A warm-pool VM is no cluster's node: the pool destroys it.
 			p.mu.Unlock()
 			return nodes.NewNotFound(name)
 		case in.creating:
@@ -107,9 +111,11 @@ func (p *Provider) destroy(ctx context.Context, inst *instance) error {
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if inst.rec.Tap != "" {
-		if err := p.deps.Networks.RemoveTap(rctx, inst.rec.Tap); err != nil {
-			return err
+	for _, tap := range []string{inst.rec.Tap, inst.rec.PoolTap} {
+		if tap != "" {
+			if err := p.deps.Networks.RemoveTap(rctx, tap); err != nil {
+				return err
+			}
 		}
 	}
 	p.keepConsole(inst)
@@ -313,7 +319,8 @@ type Info struct {
 	PID     int // 0 before qemu started
 	Accel   Accel
 	Adopted bool // found running by Recover
-	// JoinDeadline is Created + Config.JoinTimeout: the daemon's watchdog gives up then.
+	// JoinDeadline is Created (a claimed pool VM's claim) + Config.JoinTimeout: the
+	// daemon's watchdog gives up then.
 	JoinDeadline time.Time
 	Console      string // path of console.log
 }
@@ -328,7 +335,7 @@ func (p *Provider) Info(name string) (Info, error) {
 	}
 	r := inst.rec
 	i := Info{Instance: p.instanceView(inst, inst.state()), Dir: inst.dir, Address: r.Address, Tap: r.Tap,
-		MAC: r.MAC, Accel: r.Accel, Adopted: inst.adopted, JoinDeadline: r.Created.Add(p.cfg.JoinTimeout),
+		MAC: r.MAC, Accel: r.Accel, Adopted: inst.adopted, JoinDeadline: r.since().Add(p.cfg.JoinTimeout),
 		Console: filepath.Join(inst.dir, fileConsole)}
 	if r.Process != nil {
 		i.PID = r.Process.PID
@@ -342,6 +349,10 @@ type RecoverResult struct {
 	Cleaned []string // nodes whose qemu was gone: tap and directory removed
 	Removed []string // node directories without a usable record: removed
 	Killed  []int    // pids of qemu processes using the state dir that no record named
+	// Pool are the warm-pool VMs destroyed (unclaimed, or claimed halfway), by the names
+	// their records give, and PoolTaps the pool taps left by no VM.
+	Pool     []string
+	PoolTaps []string
 }
 
 // Recover must run once, at daemon start, before Create, Delete and List. For each
@@ -351,7 +362,11 @@ type RecoverResult struct {
 //     runs, the node is adopted: it is listed, Delete stops it, Exited watches it;
 //   - otherwise its tap and directory are removed (Cleaned);
 //   - a directory without a readable record (a Create or Delete interrupted by a crash)
-//     is removed (Removed).
+//     is removed (Removed);
+//   - a warm-pool VM (record Pool, also one whose claim renamed its directory but did not
+//     finish) is destroyed, running or not (Pool), and so is every pool tap left (PoolTaps):
+//     pool VMs are quick to boot again, and the pool refills once Recover is done, so a
+//     restart never doubles the pool.
 //
 // Any other qemu process whose console file lies in the state dir (started by a Create that
 // crashed before recording it) is killed, so no qemu and no tap outlives its record; so is
@@ -386,6 +401,7 @@ func (p *Provider) Recover(ctx context.Context) (RecoverResult, error) {
 		errs    []error
 		adopt   = map[string]*instance{}
 		dead    []*instance
+		pool    []*instance
 		keepIDs []supervisor.Identity
 	)
 	for _, e := range entries {
@@ -395,6 +411,21 @@ func (p *Provider) Recover(ctx context.Context) (RecoverResult, error) {
 		}
 		dir := p.nodeDir(name)
 		rec, err := readRecord(dir)
+		if err != nil {
+			if r, rerr := readRecordAnyName(dir); rerr == nil && r.Pool {
+				rec, err = r, nil // a claim renamed the directory, then the daemon stopped
+			}
+		}
+		if err == nil && rec.Pool {
+			inst := &instance{dir: dir, rec: rec}
+			// Its qemu and virtiofsd first, by their recorded identities, so the orphan
+			// sweep below does not take them for unrecorded ones.
+			if err := p.stopPoolVM(inst); err != nil {
+				errs = append(errs, fmt.Errorf("stopping warm-pool VM %s: %w", rec.Request.Name, err))
+			}
+			pool = append(pool, inst)
+			continue
+		}
 		if err != nil {
 			p.log.Warn("removing a node directory without a usable record", "dir", dir, "err", err)
 			if err := os.RemoveAll(dir); err != nil {
@@ -440,6 +471,20 @@ func (p *Provider) Recover(ctx context.Context) (RecoverResult, error) {
 		p.log.Info("cleaned up a node whose VM was gone", "node", name, "tap", inst.rec.Tap)
 		res.Cleaned = append(res.Cleaned, name)
 	}
+	for _, inst := range pool {
+		name := inst.rec.Request.Name
+		if err := p.destroyPool(inst, false); err != nil {
+			errs = append(errs, fmt.Errorf("removing warm-pool VM %s: %w", name, err))
+			continue
+		}
+		p.log.Info("destroyed a warm-pool VM of an earlier run", "vm", name, "dir", inst.dir)
+		res.Pool = append(res.Pool, name)
+	}
+	taps, err := p.removePoolTaps(ctx)
+	res.PoolTaps = taps
+	if err != nil {
+		errs = append(errs, err)
+	}
 	for name, inst := range adopt {
 		if inst.adopted {
 			p.log.Info("adopted a running node VM", "node", name, "pid", inst.rec.Process.PID, "address", inst.rec.Address)
@@ -449,6 +494,7 @@ func (p *Provider) Recover(ctx context.Context) (RecoverResult, error) {
 	slices.Sort(res.Adopted)
 	slices.Sort(res.Cleaned)
 	slices.Sort(res.Removed)
+	slices.Sort(res.Pool)
 
 	p.mu.Lock()
 	for name, inst := range adopt {
@@ -456,6 +502,7 @@ func (p *Provider) Recover(ctx context.Context) (RecoverResult, error) {
 	}
 	p.recovered = true
 	p.mu.Unlock()
+	p.startPool()
 	return res, errors.Join(errs...)
 }
 

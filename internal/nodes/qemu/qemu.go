@@ -16,6 +16,9 @@
 //	                               virtiofsd, which serves the layer store read-only
 //	<state>/<node>/virtiofsd.log   its output
 //	<state>/.lock                  held by the Provider (one daemon per state dir)
+//	<state>/pool-<random>/         a warm-pool VM (pool.go): the same files, its record
+//	                               marked Pool; renamed to <state>/<node> when a node
+//	                               claims it
 //
 // qemu processes are not children that die with the daemon: a daemon restart finds them
 // again with Recover, which adopts a VM whose recorded identity still runs and cleans up
@@ -125,13 +128,27 @@ type Config struct {
 	// Layers, if set, gives every new VM the host layer store, read-only, as virtio-fs
 	// (tag layershare.Tag), served by a virtiofsd of its own; nil attaches nothing.
 	Layers *layershare.Config
+	// PoolSize is how many unclaimed warm-pool VMs of PoolShape the provider keeps booted
+	// (pool.go): a Create of that size takes one instead of booting. 0 keeps none; at most
+	// MaxPoolSize.
+	PoolSize int
+	// PoolShape is the size of the pool's VMs: the daemon's default node size.
+	PoolShape PoolShape
 }
 
 // Networks is the part of nodenet.Manager the provider uses. The cluster's bridge must
 // exist (nodenet.Manager.Ensure) before Create.
 type Networks interface {
 	AddTap(ctx context.Context, cluster string, plan nodenet.Plan, node string) (nodenet.Tap, error)
+	// RemoveTap removes a node's tap or a pool tap; a missing one is not an error.
 	RemoveTap(ctx context.Context, name string) error
+	// AddPoolTap makes a warm-pool VM's tap (nodenet.PoolTapName), down and on no bridge.
+	AddPoolTap(ctx context.Context, vm string) (nodenet.Tap, error)
+	// ClaimTap renames a pool tap to node's tap of cluster (nodenet.TapName), attaches it
+	// to the cluster's bridge and sets it up. The VM keeps its pool MAC.
+	ClaimTap(ctx context.Context, poolTap, cluster string, plan nodenet.Plan, node string) (nodenet.Tap, error)
+	// PoolTaps lists the host's pool taps (swp-...), claimed or not by a running VM.
+	PoolTaps(ctx context.Context) ([]string, error)
 }
 
 // Joiner makes a node's identity. The daemon implements it: it mints the bootstrap token
@@ -188,6 +205,8 @@ type Provider struct {
 	recovered   bool
 	closed      bool
 	insts       map[string]*instance
+
+	pool *pool // the warm pool; nil or size 0 when off
 }
 
 var _ nodes.NodeProvider = (*Provider)(nil)
@@ -222,6 +241,9 @@ func newProvider(cfg Config, deps Deps, h host) (*Provider, error) {
 	if err := ValidateTCGCache(cfg.TCGCacheMiB); err != nil {
 		return nil, err
 	}
+	if err := ValidatePoolSize(cfg.PoolSize); err != nil {
+		return nil, err
+	}
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = DefaultStartTimeout
 	}
@@ -249,7 +271,7 @@ func newProvider(cfg Config, deps Deps, h host) (*Provider, error) {
 	if cfg.HostMemoryMiB > 0 {
 		h.MemoryMiB = cfg.HostMemoryMiB
 	}
-	p := &Provider{cfg: cfg, deps: deps, log: deps.Log, now: deps.Now, host: h, insts: map[string]*instance{}}
+	p := &Provider{cfg: cfg, deps: deps, log: deps.Log, now: deps.Now, host: h, insts: map[string]*instance{}, pool: newPool(cfg)}
 	if p.log == nil {
 		p.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -273,6 +295,11 @@ func newProvider(cfg Config, deps Deps, h host) (*Provider, error) {
 	}
 	if err := checkStateDir(&p.cfg); err != nil {
 		errs = append(errs, err)
+	}
+	if cfg.PoolSize > 0 {
+		if err := checkPoolShape(cfg.PoolShape, h, cfg.HostReserveMiB); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if p.cfg.Layers != nil {
 		l := *p.cfg.Layers
@@ -321,15 +348,18 @@ func (p *Provider) Accelerator() (string, string) {
 // JoinTimeout is Config.JoinTimeout with the default applied.
 func (p *Provider) JoinTimeout() time.Duration { return p.cfg.JoinTimeout }
 
-// Close releases the state dir's lock. Running VMs are left running: a later Provider's
-// Recover adopts them. Use Delete to stop a VM.
+// Close stops the warm pool, destroying its unclaimed VMs, and releases the state dir's
+// lock. Nodes are left running: a later Provider's Recover adopts them. Use Delete to
+// stop a node.
 func (p *Provider) Close() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed {
+		p.mu.Unlock()
 		return nil
 	}
 	p.closed = true
+	p.mu.Unlock()
+	p.stopPool()
 	_ = syscall.Flock(int(p.lock.Fd()), syscall.LOCK_UN)
 	return p.lock.Close()
 }

@@ -30,6 +30,9 @@ const (
 	dirConsoles = "consoles"
 )
 
+// recordVersion is the record's format. The warm pool's fields (Pool, PoolTap, Claimed)
+// are optional and were added without a new version: records from before them load as
+// they are, and a node booted cold still writes a record older daemons read.
 const recordVersion = 1
 
 // record is instance.json. It is written before anything outside the node directory is
@@ -56,6 +59,24 @@ type record struct {
 	// Virtiofsd is the identity of the virtiofsd serving LayersDir to this VM; nil until
 	// it started. It lives and dies with qemu.
 	Virtiofsd *supervisor.Identity `json:"virtiofsd,omitempty"`
+	// Pool marks a warm-pool VM: booted for no cluster (see pool.go), or one whose claim
+	// has not finished. Recover destroys every such VM: an unclaimed one is cheap to boot
+	// again, and a half-claimed one may hold a tap of either name.
+	Pool bool `json:"pool,omitempty"`
+	// PoolTap is the pool tap (swp-...) a VM being claimed had before ClaimTap renamed it
+	// to Tap; "" once the claim is done.
+	PoolTap string `json:"poolTap,omitempty"`
+	// Claimed is when a pool VM was handed to its cluster; nil for a node booted for it.
+	// The node's boot and join deadlines count from here, not from Created.
+	Claimed *time.Time `json:"claimed,omitempty"`
+}
+
+// since is when the node was given to its cluster: its claim, or its boot.
+func (r record) since() time.Time {
+	if r.Claimed != nil {
+		return *r.Claimed
+	}
+	return r.Created
 }
 
 // writeRecord replaces dir/instance.json atomically (write, fsync, rename, fsync dir).
@@ -88,6 +109,19 @@ func writeRecord(dir string, r record) error {
 }
 
 func readRecord(dir string) (record, error) {
+	r, err := readRecordAnyName(dir)
+	if err != nil {
+		return r, err
+	}
+	if r.Request.Name != filepath.Base(dir) {
+		return r, fmt.Errorf("instance record %s names node %q", filepath.Join(dir, fileRecord), r.Request.Name)
+	}
+	return r, nil
+}
+
+// readRecordAnyName reads a record without checking that it names its directory: a pool
+// VM whose claim renamed the directory before the record was rewritten.
+func readRecordAnyName(dir string) (record, error) {
 	var r record
 	b, err := os.ReadFile(filepath.Join(dir, fileRecord))
 	if err != nil {
@@ -100,9 +134,6 @@ func readRecord(dir string) (record, error) {
 	}
 	if r.Version != recordVersion {
 		return r, fmt.Errorf("instance record %s: version %d, this provider reads %d", filepath.Join(dir, fileRecord), r.Version, recordVersion)
-	}
-	if r.Request.Name != filepath.Base(dir) {
-		return r, fmt.Errorf("instance record %s names node %q", filepath.Join(dir, fileRecord), r.Request.Name)
 	}
 	return r, nil
 }

@@ -58,6 +58,9 @@ func StopAll(ctx context.Context, stateDir string, networks Networks, log *slog.
 		}
 		stopped = append(stopped, n)
 	}
+	for _, vm := range res.Pool {
+		stopped = append(stopped, "warm-pool VM "+vm)
+	}
 	for _, pid := range res.Killed {
 		stopped = append(stopped, fmt.Sprintf("unrecorded qemu (pid %d)", pid))
 	}
