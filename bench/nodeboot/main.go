@@ -28,7 +28,16 @@
 // With -shared-layers=false the daemon gives nodes no shared layer store: every layer is
 // pulled and unpacked in the guest (the cold path bench/sharedlayers.sh compares with).
 //
-//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi] [-large 1024] [-timeout 20m] [-tcg-cache-mib 128] [-shared-layers=false]
+// With -warm-pool N the daemon keeps N node VMs booted for no cluster (serve --warm-pool),
+// of the size the bench's cluster asks for, so its nodes are claimed instead of booted
+// (bench/warmstart.sh compares with cold starts). Before each run the bench waits until
+// min(N, pods) pool VMs are ready, and the run table gets the claims that hit
+// (socialweb_warm_pool_claims_total{result="hit"}, from the daemon's metrics). A claimed
+// node's VMM start is its claim, and its guest columns count from the claim: kernel init
+// 0 and agent up the guest time from reading its identity to its boot steps done, as the
+// daemon's breakdown counts it. The pool refills while a run goes on, as it would in use.
+//
+//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi] [-large 1024] [-timeout 20m] [-tcg-cache-mib 128] [-shared-layers=false] [-warm-pool 5]
 package main
 
 import (
@@ -37,9 +46,12 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"log"
+	"log/slog"
 	"math"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,6 +68,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/socialweb-computer/socialweb/internal/images"
+	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
 )
 
 func main() {
@@ -68,9 +81,14 @@ func main() {
 	timeout := flag.Duration("timeout", 20*time.Minute, "how long a run may wait for its Pods to run")
 	tcgCache := flag.Int64("tcg-cache-mib", 0, "the daemon's --tcg-cache-mib (TCG translation cache per VM; 0: the daemon's default)")
 	shared := flag.Bool("shared-layers", true, "the daemon's and image push's --shared-layers (layers unpacked on the host and shared with nodes; false: nodes pull)")
+	warmPool := flag.Int("warm-pool", 0, "the daemon's --warm-pool: node VMs of the cluster's node size kept booted, claimed by the runs' nodes (0: every node boots cold)")
+	warmTimeout := flag.Duration("warm-timeout", 10*time.Minute, "how long to wait before each run for min(-warm-pool, -pods) pool VMs to be ready")
 	flag.Parse()
 	if *image == "" {
 		log.Fatal("-image is required")
+	}
+	if err := qemu.ValidatePoolSize(*warmPool); err != nil {
+		log.Fatalf("-warm-pool: %v", err)
 	}
 	state, err := os.MkdirTemp("", "socialweb-nodeboot-")
 	if err != nil {
@@ -94,6 +112,17 @@ func main() {
 		"--network-range", "180-189", "--metrics-address", "", "--shared-layers="+strconv.FormatBool(*shared))
 	if *tcgCache > 0 {
 		daemon.Args = append(daemon.Args, "--tcg-cache-mib", strconv.FormatInt(*tcgCache, 10))
+	}
+	var metricsURL string
+	if *warmPool > 0 {
+		// The pool's VMs have the daemon's default node size, and only a node of exactly
+		// that size claims one: the defaults are the cluster's --node-cpus and
+		// --node-memory below. The disk is the daemon's default for both (the cluster
+		// sets none), and the Pods request nothing, so nodes get the smallest size.
+		metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
+		metricsURL = "http://" + metricsAddr + "/metrics"
+		daemon.Args = append(daemon.Args, "--warm-pool", strconv.Itoa(*warmPool),
+			"--default-node-cpus", "1", "--default-node-memory", *memory, "--metrics-address", metricsAddr)
 	}
 	logf, err := os.Create(state + ".log")
 	if err != nil {
@@ -152,20 +181,51 @@ func main() {
 	if *tcgCache > 0 {
 		cache = fmt.Sprintf("TCG translation cache %d MiB", *tcgCache)
 	}
-	fmt.Printf("%d Pod(s) per run, node size 1 vCPU / %s, %s, %s, image %s, shared layers %v\n\n", *pods, *memory, accel, cache, podImage, *shared)
+	warm := ""
+	if *warmPool > 0 {
+		warm = fmt.Sprintf(", warm pool %d (claimed nodes marked warm)", *warmPool)
+	}
+	fmt.Printf("%d Pod(s) per run, node size 1 vCPU / %s, %s, %s, image %s, shared layers %v%s\n\n", *pods, *memory, accel, cache, podImage, *shared, warm)
 	fmt.Printf("| run | node | Pod->VMM start | kernel init (guest) | agent up (guest) | Pod->registered | Pod->Node Ready | Pod->Pod Running | image pull | qemu RSS | idle qemu CPU |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	var rows [][]float64
 	var summary []string
 	var starts [][]float64 // the daemon's breakdown per node; NaN where it has no figure
 	var startRows []string
 	for i := range *runs {
+		hits := "-" // no pool
+		var claims0 map[string]float64
+		if *warmPool > 0 {
+			if claims0, err = waitWarmPool(ctx, metricsURL, min(*warmPool, *pods), *warmTimeout); err != nil {
+				log.Fatalf("run %d: %v", i, err)
+			}
+		}
 		r, err := measure(ctx, k, state, i, *pods, podImage, *timeout)
 		if err != nil {
 			log.Fatalf("run %d: %v", i, err)
 		}
+		if *warmPool > 0 {
+			// Once the run's nodes are gone: nothing claims between their creation and here.
+			claims1, err := scrapeMetrics(ctx, metricsURL)
+			if err != nil {
+				log.Fatalf("run %d: %v", i, err)
+			}
+			d := func(result string) int {
+				key := claimsMetric + `{result="` + result + `"}`
+				return int(claims1[key] - claims0[key])
+			}
+			hits = strconv.Itoa(d("hit"))
+			if d("hit") < min(*warmPool, *pods) {
+				slog.Warn("warm pool: fewer claims hit than pool VMs were ready", "run", i+1, "hit", d("hit"), "want", min(*warmPool, *pods),
+					"missEmpty", d("miss_empty"), "missShape", d("miss_shape"), "failed", d("failed"))
+			}
+		}
 		for j, n := range r.nodes {
 			rows = append(rows, n.times())
-			fmt.Printf("| %d | %d |%s %.2fs | %d MiB | %.0f%% of a core |\n", i+1, j+1, cells(n.times()), n.pull, n.rssMiB, 100*n.idleCPU)
+			node := strconv.Itoa(j + 1)
+			if n.warm {
+				node += " warm"
+			}
+			fmt.Printf("| %d | %s |%s %.2fs | %d MiB | %.0f%% of a core |\n", i+1, node, cells(n.times()), n.pull, n.rssMiB, 100*n.idleCPU)
 		}
 		breakdowns := startBreakdowns(state + ".log")
 		for j, n := range r.nodes {
@@ -179,8 +239,8 @@ func main() {
 			starts = append(starts, row)
 			startRows = append(startRows, fmt.Sprintf("| %d | %d |%s", i+1, j+1, optCells(row)))
 		}
-		summary = append(summary, fmt.Sprintf("| %d | %.2fs | %d MiB | %d MiB | %.1f MiB | %.1f MiB | %d MiB |", i+1, r.allRunning.Seconds(),
-			r.guestMiB, r.meanRSSMiB(), float64(r.bridgeTx)/(1<<20), float64(r.otherRx)/(1<<20), r.registryMiB))
+		summary = append(summary, fmt.Sprintf("| %d | %.2fs | %d MiB | %d MiB | %.1f MiB | %.1f MiB | %d MiB | %s |", i+1, r.allRunning.Seconds(),
+			r.guestMiB, r.meanRSSMiB(), float64(r.bridgeTx)/(1<<20), float64(r.otherRx)/(1<<20), r.registryMiB, hits))
 	}
 	med := make([]float64, len(rows[0]))
 	for c := range med {
@@ -192,7 +252,7 @@ func main() {
 		med[c] = col[len(col)/2]
 	}
 	fmt.Printf("| median | all |%s | | |\n", cells(med))
-	fmt.Printf("\n| run | %d Pending -> %d Running | guest memory | qemu RSS (mean) | host -> guests over the bridge | host received elsewhere | host registry on disk |\n|---|---|---|---|---|---|---|\n", *pods, *pods)
+	fmt.Printf("\n| run | %d Pending -> %d Running | guest memory | qemu RSS (mean) | host -> guests over the bridge | host received elsewhere | host registry on disk | warm hits |\n|---|---|---|---|---|---|---|---|\n", *pods, *pods)
 	for _, l := range summary {
 		fmt.Println(l)
 	}
@@ -279,6 +339,8 @@ type nodeTimes struct {
 	running, pull                           float64
 	rssMiB                                  int
 	idleCPU                                 float64 // host cores its qemu used while idle
+	timeline                                bool    // the console had the agent's up line
+	warm                                    bool    // claimed from the warm pool
 }
 
 func (n nodeTimes) times() []float64 {
@@ -330,13 +392,13 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 		now := time.Since(t0).Seconds()
 		entries, _ := os.ReadDir(nodesDir)
 		for _, e := range entries {
-			if e.IsDir() && e.Name() != "consoles" && nodes[e.Name()] == nil {
+			if isNodeDir(e) && nodes[e.Name()] == nil {
 				nodes[e.Name()] = &nodeTimes{name: e.Name(), vmm: now}
 			}
 		}
 		for _, nt := range nodes {
-			if nt.agentUp == 0 {
-				nt.kernel, nt.agentUp = consoleTimes(filepath.Join(nodesDir, nt.name, "console.log"))
+			if !nt.timeline {
+				nt.kernel, nt.agentUp, nt.warm, nt.timeline = consoleTimes(filepath.Join(nodesDir, nt.name, "console.log"))
 			}
 			if nt.registered == 0 || nt.ready == 0 {
 				if node, err := k.CoreV1().Nodes().Get(ctx, nt.name, metav1.GetOptions{}); err == nil {
@@ -364,7 +426,7 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 			}
 		}
 		for _, nt := range nodes {
-			if nt.agentUp > 0 {
+			if nt.timeline {
 				timelines++
 			}
 		}
@@ -381,15 +443,16 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 	res.registryMiB = duMiB(filepath.Join(state, "registry"))
 	pulls := pullTimes(ctx, k)
 	// Host CPU of each qemu while its node only keeps a sleeping Pod: what an idle node costs.
-	cpu0 := map[string]float64{}
+	cpu0, vms := map[string]float64{}, map[string]string{}
 	for _, nt := range nodes {
-		cpu0[nt.name] = qemuCPUSeconds(nt.name)
+		vms[nt.name] = vmName(nodesDir, nt.name)
+		cpu0[nt.name] = qemuCPUSeconds(vms[nt.name])
 	}
 	const idleWindow = 30 * time.Second
 	time.Sleep(idleWindow)
 	for _, nt := range nodes {
-		nt.idleCPU = (qemuCPUSeconds(nt.name) - cpu0[nt.name]) / idleWindow.Seconds()
-		nt.rssMiB, res.guestMiB = qemuRSS(nt.name)
+		nt.idleCPU = (qemuCPUSeconds(vms[nt.name]) - cpu0[nt.name]) / idleWindow.Seconds()
+		nt.rssMiB, res.guestMiB = qemuRSS(vms[nt.name])
 		nt.pull = pulls[nt.name]
 		res.nodes = append(res.nodes, *nt)
 	}
@@ -402,7 +465,7 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 		entries, _ := os.ReadDir(nodesDir)
 		dirs := 0
 		for _, e := range entries {
-			if e.IsDir() && e.Name() != "consoles" {
+			if isNodeDir(e) {
 				dirs++
 			}
 		}
@@ -468,8 +531,42 @@ func netCounters() (bridgeTx, otherRx int64) {
 	return bridgeTx, otherRx
 }
 
-// qemuRSS is the resident memory of the qemu process running node, and its guest memory
-// (-m), in MiB.
+// poolDirPrefix starts an unclaimed warm-pool VM's directory (qemu's pool-<random>): no
+// node's; a claim renames it to the node's name.
+const poolDirPrefix = "pool-"
+
+// isNodeDir reports whether an entry of the provider's state dir is a node's directory:
+// not the kept consoles, nor a warm-pool VM no cluster claimed.
+func isNodeDir(e os.DirEntry) bool {
+	return e.IsDir() && e.Name() != "consoles" && !strings.HasPrefix(e.Name(), poolDirPrefix)
+}
+
+// vmName is the name qemu runs node's VM under (-name guest=...): the node's, or for a
+// node claimed from the warm pool the pool VM's, which its command line keeps. It reads
+// the node's instance record; node itself when that says nothing.
+func vmName(nodesDir, node string) string {
+	b, err := os.ReadFile(filepath.Join(nodesDir, node, "instance.json"))
+	if err != nil {
+		return node
+	}
+	var rec struct {
+		Process *struct {
+			Cmdline []string `json:"cmdline"`
+		} `json:"process"`
+	}
+	if json.Unmarshal(b, &rec) != nil || rec.Process == nil {
+		return node
+	}
+	for _, a := range rec.Process.Cmdline {
+		if v, ok := strings.CutPrefix(a, "guest="); ok {
+			return strings.Split(v, ",")[0]
+		}
+	}
+	return node
+}
+
+// qemuRSS is the resident memory of the qemu process running the VM named node (vmName:
+// a claimed node's qemu keeps its pool name), and its guest memory (-m), in MiB.
 func qemuRSS(node string) (rssMiB, guestMiB int) {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, c := range procs {
@@ -494,7 +591,8 @@ func qemuRSS(node string) (rssMiB, guestMiB int) {
 	return rssMiB, guestMiB
 }
 
-// qemuCPUSeconds is the user+system CPU time the qemu process running node has used.
+// qemuCPUSeconds is the user+system CPU time the qemu process running the VM named node
+// (vmName) has used.
 func qemuCPUSeconds(node string) float64 {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, c := range procs {
@@ -532,15 +630,19 @@ func duMiB(dir string) int64 {
 	return total >> 20
 }
 
-// consoleTimes reads the agent's first step's and its "up" line's guest uptimes.
-func consoleTimes(file string) (first, up float64) {
+// consoleTimes reads the agent's first step's and its "up" line's guest uptimes; ok once
+// the up line is there. A warm-pool VM's guest booted before its claim (its agent waited
+// at identity-wait): its kernel init is 0 and its agent up the guest time from reading
+// its claim (the identity step done) to up, as the daemon's start breakdown counts it.
+func consoleTimes(file string) (kernel, agentUp float64, warm, ok bool) {
 	f, err := os.Open(file)
 	if err != nil {
-		return 0, 0
+		return 0, 0, false, false
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var first, claimed float64
 	for sc.Scan() {
 		m := stepRE.FindStringSubmatch(sc.Text())
 		if m == nil {
@@ -550,11 +652,95 @@ func consoleTimes(file string) (first, up float64) {
 		if first == 0 {
 			first = v
 		}
-		if m[1] == "up" {
-			return first, v
+		switch m[1] {
+		case "identity-wait":
+			warm = true
+		case "identity":
+			claimed = v
+		case "up":
+			if warm {
+				return 0, v - claimed, true, true
+			}
+			return first, v, false, true
 		}
 	}
-	return first, 0
+	return first, 0, warm, false
+}
+
+// claimsMetric is the daemon's warm-pool claims counter, by result.
+const claimsMetric = "socialweb_warm_pool_claims_total"
+
+// waitWarmPool waits until the daemon's warm pool has want ready VMs
+// (socialweb_warm_pool_vms{state="ready"}), so a run measures claims of booted VMs, not
+// misses or claims of VMs still booting. It returns the metrics then, for the run's claims.
+func waitWarmPool(ctx context.Context, url string, want int, timeout time.Duration) (map[string]float64, error) {
+	t0 := time.Now()
+	lastLog := t0
+	for {
+		m, err := scrapeMetrics(ctx, url)
+		ready, booting := m[`socialweb_warm_pool_vms{state="ready"}`], m[`socialweb_warm_pool_vms{state="booting"}`]
+		if err == nil && int(ready) >= want {
+			slog.Info("warm pool ready", "ready", int(ready), "want", want, "waited", time.Since(t0).Round(time.Second))
+			return m, nil
+		}
+		if time.Since(t0) > timeout {
+			if err == nil {
+				err = fmt.Errorf("%d ready, %d booting", int(ready), int(booting))
+			}
+			return nil, fmt.Errorf("warm pool not at %d ready VMs after %s (-warm-timeout): %w; see the daemon's log for its pool VMs", want, timeout, err)
+		}
+		if time.Since(lastLog) >= 10*time.Second {
+			attrs := []any{"ready", int(ready), "booting", int(booting), "want", want, "elapsed", time.Since(t0).Round(time.Second)}
+			if err != nil {
+				attrs = append(attrs, "err", err)
+			}
+			slog.Info("waiting for the warm pool", attrs...)
+			lastLog = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// scrapeMetrics reads the daemon's /metrics (text format): each sample's name with its
+// labels, as printed, to its value. The series read here have one label, so their text
+// is fixed.
+func scrapeMetrics(ctx context.Context, url string) (map[string]float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("metrics request: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("reading the daemon's metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("reading the daemon's metrics %s: %s", url, resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("reading the daemon's metrics: %w", err)
+	}
+	out := map[string]float64{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(l, ' ')
+		if i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(l[i+1:], 64); err == nil {
+			out[l[:i]] = v
+		}
+	}
+	return out, nil
 }
 
 func freePort() int {

@@ -94,7 +94,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 		layers = &layershare.Config{Dir: store.Dir(), Executable: cfg.Executable}
 	}
 	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(cfg.StateDir, "nodes"), ImageDir: cfg.NodeImage, Verdict: cfg.Verdict, TCGCacheMiB: cfg.TCGCacheMiB, Layers: layers,
-		PoolSize: cfg.WarmPool, PoolShape: cfg.WarmPoolShape},
+		PoolSize: cfg.WarmPool, PoolShape: cfg.WarmPoolShape, PoolRefillDelay: qemu.DefaultPoolRefillDelay},
 		qemu.Deps{Networks: deps.Networks, Joiner: joiners, Plan: deps.Plan, Log: log.With("component", "qemu")})
 	if err != nil {
 		return nil, fmt.Errorf("starting the node provider: %w", err)

@@ -53,6 +53,9 @@ const (
 	// poolEvictHold: after a pool VM was destroyed to make room for a node, the pool does
 	// not refill for this long, so it does not take back the room the node is waiting for.
 	poolEvictHold = 2 * time.Minute
+	// DefaultPoolRefillDelay is the daemon's Config.PoolRefillDelay: long enough for a
+	// claimed node to get its kubelet going before a replacement boots beside it.
+	DefaultPoolRefillDelay = 30 * time.Second
 )
 
 // Results of a claim, the label of socialweb_warm_pool_claims_total.
@@ -106,12 +109,13 @@ type pool struct {
 	done        chan struct{}      // closed when the loop has ended
 	failures    int                // pool VMs in a row that failed before they were ready
 	pausedUntil time.Time          // no refill before this, after failures
-	holdUntil   time.Time          // no refill before this, after an eviction for a node
+	holdUntil   time.Time          // no refill before this, after an eviction for a node or a claim
+	refillDelay time.Duration      // Config.PoolRefillDelay
 	full        bool               // the last refill did not fit the host (logged once)
 }
 
 func newPool(cfg Config) *pool {
-	pl := &pool{size: cfg.PoolSize, shape: cfg.PoolShape, newName: newPoolName, kick: make(chan struct{}, 1),
+	pl := &pool{size: cfg.PoolSize, shape: cfg.PoolShape, refillDelay: cfg.PoolRefillDelay, newName: newPoolName, kick: make(chan struct{}, 1),
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "socialweb_warm_pool_claims_total",
 			Help: "Node VMs asked of the qemu provider while the warm pool is on, by result: hit (a pool VM became the node), " +
@@ -480,6 +484,9 @@ func (p *Provider) claim(ctx context.Context, req nodes.NodeRequest, plan nodene
 	p.mu.Lock()
 	inst.claiming, inst.creating = false, false
 	p.pool.failures, p.pool.pausedUntil = 0, time.Time{}
+	if until := time.Now().Add(p.pool.refillDelay); until.After(p.pool.holdUntil) {
+		p.pool.holdUntil = until
+	}
 	p.mu.Unlock()
 	p.pool.claims.WithLabelValues(claimHit).Inc()
 	log.Info("node VM claimed from the warm pool", "address", rec.Address, "tap", rec.Tap, "pid", rec.Process.PID,

@@ -595,3 +595,28 @@ func TestValidatePoolSize(t *testing.T) {
 		t.Errorf("a pool of VMs below the image's memory: %v", err)
 	}
 }
+
+// TestPoolRefillDelay: after a claim the pool boots no replacement for PoolRefillDelay
+// (the claimed node's start needs the host's cores), then refills.
+func TestPoolRefillDelay(t *testing.T) {
+	const delay = 3 * time.Second
+	e := newFakeEnv(t)
+	e.cfg.PoolRefillDelay = delay
+	p := e.poolProvider(t, 1, nil)
+	waitPoolReady(t, p, 1)
+	claimed := time.Now()
+	if _, err := p.Create(t.Context(), req("a", "a-warm")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(delay / 2)
+	if vms := poolVMs(p); len(vms) != 0 {
+		t.Fatalf("pool VMs %v %s after the claim, want none before %s", vms, time.Since(claimed).Round(time.Millisecond), delay)
+	}
+	waitPoolReady(t, p, 1)
+	if took := time.Since(claimed); took < delay {
+		t.Errorf("the pool refilled %s after the claim, want %s or more", took, delay)
+	}
+	if err := p.Delete(t.Context(), "a-warm"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -134,6 +134,10 @@ type Config struct {
 	PoolSize int
 	// PoolShape is the size of the pool's VMs: the daemon's default node size.
 	PoolShape PoolShape
+	// PoolRefillDelay is how long the pool waits after a claim before it boots the
+	// replacement (DefaultPoolRefillDelay in the daemon; 0: at once). Under TCG a boot
+	// takes a host core for many seconds, the core the claimed node needs to start.
+	PoolRefillDelay time.Duration
 }
 
 // Networks is the part of nodenet.Manager the provider uses. The cluster's bridge must
