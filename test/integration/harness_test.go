@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -392,4 +394,25 @@ func running(pid int) bool {
 	}
 	tasks, err := os.ReadDir(filepath.Join(dir, "task"))
 	return err == nil && len(tasks) > 1
+}
+
+// oneReadyNode waits (5 min) until the tenant has exactly one node and it is Ready, and
+// returns it.
+func oneReadyNode(t *testing.T, ctx context.Context, k kubernetes.Interface) corev1.Node {
+	t.Helper()
+	var node corev1.Node
+	livetest.Eventually(t, 5*time.Minute, time.Second, "a Ready node with a socialweb providerID", func() bool {
+		nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil || len(nl.Items) != 1 {
+			return false
+		}
+		node = nl.Items[0]
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue
+			}
+		}
+		return false
+	})
+	return node
 }

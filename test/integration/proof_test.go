@@ -154,20 +154,7 @@ func TestFourStepProof(t *testing.T) {
 	}
 
 	// 5. The node joins with its providerID and goes Ready.
-	var node corev1.Node
-	livetest.Eventually(t, 5*time.Minute, time.Second, "a Ready node with a socialweb providerID", func() bool {
-		nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err != nil || len(nl.Items) != 1 {
-			return false
-		}
-		node = nl.Items[0]
-		for _, c := range node.Status.Conditions {
-			if c.Type == corev1.NodeReady {
-				return c.Status == corev1.ConditionTrue
-			}
-		}
-		return false
-	})
+	node := oneReadyNode(t, ctx, k)
 	tNodeReady := time.Since(t0)
 	if want := "socialweb://proof/" + node.Name; node.Spec.ProviderID != want {
 		t.Errorf("step 5: providerID %q, want %q", node.Spec.ProviderID, want)

@@ -115,20 +115,7 @@ func TestWarmPoolNode(t *testing.T) {
 		metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var node corev1.Node
-	livetest.Eventually(t, 5*time.Minute, time.Second, "a Ready node with a socialweb providerID", func() bool {
-		nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err != nil || len(nl.Items) != 1 {
-			return false
-		}
-		node = nl.Items[0]
-		for _, c := range node.Status.Conditions {
-			if c.Type == corev1.NodeReady {
-				return c.Status == corev1.ConditionTrue
-			}
-		}
-		return false
-	})
+	node := oneReadyNode(t, ctx, k)
 	tReady := time.Since(tPod)
 	if want := "socialweb://warm/" + node.Name; node.Spec.ProviderID != want || !strings.HasPrefix(node.Name, "warm-") {
 		t.Errorf("step 2: node %s with providerID %q, want warm-<unique> and %q", node.Name, node.Spec.ProviderID, want)
