@@ -135,15 +135,16 @@ git clone -q %s/uuid.git "$CI_PROJECT_DIR"
 cd "$CI_PROJECT_DIR"
 git log -1 --format='commit %%H %%s'
 go build ./...
-# TestVersion6 is skipped: uuid v1.6.0's NewV6 writes the version over bits 12-15 of its
-# timestamp and Time() reads them back as time, so two UUIDs made across a 409.6 us boundary
-# decode as "time reversed"; under TCG the calls are that far apart in most runs.
+# TestVersion6 is taken out (renamed; bookworm's Go 1.19 has no go test -skip): uuid v1.6.0's
+# NewV6 writes the version over bits 12-15 of its timestamp and Time() reads them back as
+# time, so two UUIDs made across a 409.6 us boundary decode as "time reversed"; under TCG the
+# calls are that far apart in most runs.
+sed -i 's/^func TestVersion6(/func skippedTestVersion6(/' uuid_test.go
 # One retry, as a CI admin sets "retry: 1" for a suite with a flaky test.
-skip='^TestVersion6$'
-if ! go test -v -count=1 -skip "$skip" ./... 2>&1 | go-junit-report -set-exit-code -iocopy -out /builds/junit.xml; then
+if ! go test -v -count=1 ./... 2>&1 | go-junit-report -set-exit-code -iocopy -out /builds/junit.xml; then
 	echo "FAILED: $(grep -o 'testcase name="[^"]*"[^>]*>[[:space:]]*<failure' /builds/junit.xml | cut -d'"' -f2 | tr '\n' ' '); retrying once"
 	cp /builds/junit.xml /builds/junit-first.xml
-	go test -v -count=1 -skip "$skip" ./... 2>&1 | go-junit-report -set-exit-code -iocopy -out /builds/junit.xml
+	go test -v -count=1 ./... 2>&1 | go-junit-report -set-exit-code -iocopy -out /builds/junit.xml
 fi
 echo job done
 `, gitURL)
