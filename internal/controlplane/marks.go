@@ -24,7 +24,9 @@ import (
 const (
 	// upMark says the run has done its start-up work (ProbeUp).
 	upMark = "up"
-	// seededMark says the run wrote a whole seed into its datastore (ReadyzPath).
+	// seededMark says the datastore held all the bootstrap hooks write before
+	// they ran (ReadyzPath): this run wrote a whole seed into it, or a run of
+	// this build finished the hooks on it (policyBuildFile).
 	seededMark = "seeded"
 )
 

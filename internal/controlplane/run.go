@@ -66,6 +66,7 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 	log.Info("apiserver ready", "url", c.URL(), "elapsed", time.Since(start).Round(time.Millisecond))
 	// Before the controller-manager starts changing what the seed is made of.
 	seed.ready(ctx)
+	go recordPolicyBuild(ctx, c, log)
 	if c.Tenant {
 		if err := bootstrapTenant(ctx, c); err != nil {
 			return fmt.Errorf("bootstrapping %s for node joins: %w", c.Name, err)
@@ -310,7 +311,11 @@ func ProbeUp(ctx context.Context, client *http.Client, c Config) error {
 // Probe returns nil when the control plane's readiness path (ReadyzPath)
 // answers 200.
 func Probe(ctx context.Context, client *http.Client, c Config) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.URL()+ReadyzPath(c.Dir), nil)
+	return probePath(ctx, client, c, ReadyzPath(c.Dir))
+}
+
+func probePath(ctx context.Context, client *http.Client, c Config, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.URL()+path, nil)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -74,6 +75,26 @@ type seedFile struct {
 // with the Kubernetes version and the executable file, so a rebuilt binary
 // never reads a seed its predecessor captured.
 func seedPath(dir string) (string, error) {
+	key, err := ownBuildKey()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, "seed-"+key+".json"), nil
+}
+
+func seedName(kubeVersion, exe string, size int64, mtime time.Time) string {
+	return "seed-" + buildKey(kubeVersion, exe, size, mtime) + ".json"
+}
+
+// buildKey names one build of this program: what the bootstrap hooks write
+// can differ between builds, never within one.
+func buildKey(kubeVersion, exe string, size int64, mtime time.Time) string {
+	h := sha256.Sum256(fmt.Appendf(nil, "%s\x00%s\x00%d\x00%d", kubeVersion, exe, size, mtime.UnixNano()))
+	return hex.EncodeToString(h[:8])
+}
+
+// ownBuildKey is buildKey of the running executable.
+func ownBuildKey() (string, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return "", fmt.Errorf("finding own executable: %w", err)
@@ -82,12 +103,60 @@ func seedPath(dir string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("reading own executable: %w", err)
 	}
-	return filepath.Join(dir, seedName(version.Get().GitVersion, exe, st.Size(), st.ModTime())), nil
+	return buildKey(version.Get().GitVersion, exe, st.Size(), st.ModTime()), nil
 }
 
-func seedName(kubeVersion, exe string, size int64, mtime time.Time) string {
-	h := sha256.Sum256(fmt.Appendf(nil, "%s\x00%s\x00%d\x00%d", kubeVersion, exe, size, mtime.UnixNano()))
-	return "seed-" + hex.EncodeToString(h[:8]) + ".json"
+// policyBuildFile, in a control plane's dir, names the build whose bootstrap
+// hooks last finished on its datastore. It outlives runs (it is not a mark):
+// a later run of the same build finds nothing for the hooks to do, so its
+// readiness need not wait the second or more they take, which is most of
+// what separates a wake from a fresh, seeded start. Another build (an
+// upgrade may add rules) waits for them again.
+const policyBuildFile = "policy-build"
+
+// policyCurrent reports whether the hooks of this build finished on the
+// datastore of the control plane in cpDir in an earlier run.
+func policyCurrent(cpDir string) bool {
+	key, err := ownBuildKey()
+	if err != nil {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join(cpDir, policyBuildFile))
+	return err == nil && strings.TrimSpace(string(b)) == key
+}
+
+// recordPolicyBuild waits for the full /readyz (every bootstrap hook done)
+// and then writes policyBuildFile. It gives up quietly when ctx ends: the
+// next run then waits for the hooks, as it would have.
+func recordPolicyBuild(ctx context.Context, c Config, log *slog.Logger) {
+	key, err := ownBuildKey()
+	if err != nil {
+		log.Warn("not recording the bootstrap policy's build", "err", err)
+		return
+	}
+	client, err := AdminHTTPClient(c)
+	if err != nil {
+		log.Warn("not recording the bootstrap policy's build", "err", err)
+		return
+	}
+	for {
+		if probePath(ctx, client, c, "/readyz") == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	path := filepath.Join(c.Dir, policyBuildFile)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(key+"\n"), 0o600); err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		log.Warn("recording the bootstrap policy's build; the next start waits for the hooks", "err", err)
+	}
 }
 
 // kineClient connects to kine as the apiserver does.
@@ -313,6 +382,12 @@ func startSeeding(ctx context.Context, endpoint, dir, cpDir string, log *slog.Lo
 			log.Warn("not seeding the datastore", "err", err)
 		} else {
 			log.Debug("the datastore holds the bootstrap policy already: not seeding it")
+			if policyCurrent(cpDir) {
+				// This build's hooks finished on it before: as good as a seed.
+				if err := setMark(cpDir, seededMark); err != nil {
+					log.Warn("marking the bootstrap policy current; readiness waits for the hooks", "err", err)
+				}
+			}
 		}
 		cancel()
 		cli.Close()
@@ -383,8 +458,8 @@ func seedHookChecks() []string {
 }
 
 // ReadyzPath is the readiness path to probe for the control plane in cpDir:
-// /readyz, less the checks of the bootstrap hooks once this run has seeded
-// its datastore with everything they would create.
+// /readyz, less the checks of the bootstrap hooks once its datastore is known
+// to hold everything they would create (seededMark).
 func ReadyzPath(cpDir string) string {
 	if !hasMark(cpDir, seededMark) {
 		return "/readyz"

@@ -270,3 +270,46 @@ func TestSeedingMarksReadiness(t *testing.T) {
 		t.Errorf("unmarking an unmarked dir: %v", err)
 	}
 }
+
+// A restart of a used datastore skips the hooks' readiness checks only when
+// this same build finished the hooks on it before.
+func TestStartSeedingTrustsThePolicyOfItsOwnBuild(t *testing.T) {
+	key, err := ownBuildKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	excluded := "/readyz?exclude=poststarthook%2Frbac%2Fbootstrap-roles&exclude=poststarthook%2Fscheduling%2Fbootstrap-system-priority-classes"
+	tests := []struct {
+		name   string
+		policy bool   // the datastore holds the bootstrap policy
+		file   string // policyBuildFile's content; "" for none
+		want   string
+	}{
+		{"hooks of this build finished before", true, key + "\n", excluded},
+		{"hooks of another build", true, "0123456789abcdef\n", "/readyz"},
+		{"never recorded", true, "", "/readyz"},
+		{"recorded, but the datastore is empty", false, key + "\n", "/readyz"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ep, cli := startKine(t)
+			if tt.policy {
+				create(t, cli, "/registry/clusterroles/view", encode(t, clusterRole("view", bootstrapLabel())))
+			}
+			cpDir := t.TempDir()
+			if tt.file != "" {
+				if err := os.WriteFile(filepath.Join(cpDir, policyBuildFile), []byte(tt.file), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// No seed in the seed dir: an empty datastore is not seeded either.
+			if s := startSeeding(context.Background(), ep, t.TempDir(), cpDir, slog.New(slog.DiscardHandler)); s != nil {
+				<-s.done
+				s.close()
+			}
+			if got := ReadyzPath(cpDir); got != tt.want {
+				t.Errorf("ReadyzPath = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
