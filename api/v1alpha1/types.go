@@ -64,6 +64,10 @@ const (
 	// size the cluster may boot and the host has room for it; False (PodsExceedNodeSize,
 	// or WaitingForHostCapacity) names the Pods that get none yet, and why.
 	ConditionPodsProvisionable = "PodsProvisionable"
+	// ConditionWarmStart is about the last node the host tried to start warm (from its
+	// warm pool): True when it did, False (WarmStartFailed) with why the node booted cold.
+	// Absent while no node of the cluster was tried warm.
+	ConditionWarmStart = "WarmStart"
 	// ConditionWake is about the last wake from Asleep: True when the control plane
 	// answered, False (WakeFailed) with the reason when it did not in time.
 	ConditionWake = "Wake"

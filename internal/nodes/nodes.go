@@ -124,6 +124,19 @@ type Instance struct {
 	State      State
 	// The size it was booted with (its NodeRequest's CPUs, MemoryMiB and DiskMiB).
 	CPUs, MemoryMiB, DiskMiB int64
+	// Warm says how Create started it; set only by Create.
+	Warm WarmStart
+}
+
+// WarmStart says how Create started a machine on a substrate that can start one warm
+// (hand it a pre-booted VM from a warm pool). The zero value: no warm start was tried
+// (none of the machine's size was there, or the substrate has no pool).
+type WarmStart struct {
+	// Claimed: the machine is a pre-booted VM, handed to this node.
+	Claimed bool
+	// Failed says why a warm start was tried and did not happen ("" if it did not
+	// fail); the machine then booted cold, and Create still succeeded.
+	Failed string
 }
 
 // CapacityError says a machine cannot be booted now because the host lacks the memory

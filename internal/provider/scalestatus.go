@@ -76,6 +76,11 @@ func (s ScaleStatus) RecordNodeAccelerator(ctx context.Context, cluster, accel, 
 	return s.setCondition(ctx, cluster, v1.ConditionNodeAccelerator, true, strings.ToUpper(accel), why)
 }
 
+// RecordWarmStart sets the WarmStart condition.
+func (s ScaleStatus) RecordWarmStart(ctx context.Context, cluster string, ok bool, reason, message string) error {
+	return s.setCondition(ctx, cluster, v1.ConditionWarmStart, ok, reason, message)
+}
+
 // RecordPodsProvisionable sets the PodsProvisionable condition.
 func (s ScaleStatus) RecordPodsProvisionable(ctx context.Context, cluster string, ok bool, reason, message string) error {
 	return s.setCondition(ctx, cluster, v1.ConditionPodsProvisionable, ok, reason, message)

@@ -125,6 +125,10 @@ type StatusRecorder interface {
 	// ok when some fit no node size the cluster may boot (PodsExceedNodeSize) or wait
 	// for host capacity (WaitingForHostCapacity), one Pod per line; called when it changed.
 	RecordPodsProvisionable(ctx context.Context, cluster string, ok bool, reason, message string) error
+	// RecordWarmStart reports how the last node tried warm started: ok when it was
+	// handed a pre-booted VM, not ok (WarmStartFailed, with why) when it booted cold
+	// instead; called after each Create that tried (nodes.Instance.Warm).
+	RecordWarmStart(ctx context.Context, cluster string, ok bool, reason, message string) error
 }
 
 // Deps are the driver's collaborators. Tenant and Provider are required.

@@ -56,6 +56,7 @@ type recStatus struct {
 	network []bootCall
 	accels  []string
 	pods    []bootCall
+	warm    []bootCall
 }
 
 type bootCall struct {
@@ -111,6 +112,22 @@ func (s *recStatus) RecordPodsProvisionable(_ context.Context, c string, ok bool
 	defer s.mu.Unlock()
 	s.pods = append(s.pods, bootCall{ok, reason, message})
 	return nil
+}
+
+func (s *recStatus) RecordWarmStart(_ context.Context, c string, ok bool, reason, message string) error {
+	if c != cluster {
+		return fmt.Errorf("cluster %q", c)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.warm = append(s.warm, bootCall{ok, reason, message})
+	return nil
+}
+
+func (s *recStatus) getWarm() []bootCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.warm)
 }
 
 func (s *recStatus) getPods() []bootCall {
@@ -975,5 +992,47 @@ func TestEarlyBootStallAndAccelerator(t *testing.T) {
 	}
 	if n := len(status.getAccels()); n != 2 {
 		t.Errorf("%d accelerator reports after an unchanged pass, want 2", n)
+	}
+}
+
+// A node the provider started warm, or tried to and booted cold, is put on the Cluster;
+// the failure also as a Warning Event. A node no warm start was tried for says nothing.
+func TestWarmStartReachesTheCluster(t *testing.T) {
+	tests := []struct {
+		name   string
+		warm   *nodes.WarmStart
+		want   []bootCall // ok, reason, message substring
+		events string     // a Warning Event's reason, if one is wanted
+	}{
+		{"no warm start tried", nil, nil, ""},
+		{"claimed", &nodes.WarmStart{Claimed: true},
+			[]bootCall{{true, "WarmPoolClaimed", "started from a pre-booted warm-pool VM"}}, ""},
+		{"claim failed", &nodes.WarmStart{Failed: "claiming warm-pool VM pool-1 failed at its tap step (bridge gone); it was destroyed, and node a-1 booted cold"},
+			[]bootCall{{false, "WarmStartFailed", "failed at its tap step (bridge gone)"}}, "WarmStartFailed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, Config{}, false, []runtime.Object{testPod("a")})
+			if tt.warm != nil {
+				r.prov.WarmNext(*tt.warm)
+			}
+			ctx := context.Background()
+			r.start(ctx)
+			if dec, err := r.d.RunPass(ctx); err != nil || dec.Action != scale.Provision {
+				t.Fatalf("first pass: %s, %v; want Provision", dec, err)
+			}
+			got := r.status.getWarm()
+			if len(got) != len(tt.want) {
+				t.Fatalf("WarmStart reports %+v, want %d", got, len(tt.want))
+			}
+			for i, w := range tt.want {
+				if got[i].ok != w.ok || got[i].reason != w.reason || !strings.Contains(got[i].message, w.message) {
+					t.Errorf("WarmStart report %+v, want %+v", got[i], w)
+				}
+			}
+			if tt.events != "" {
+				assertEvent(t, r.client, tt.events, "booted cold")
+			}
+		})
 	}
 }

@@ -308,6 +308,30 @@ func (d *Driver) joined(ctx context.Context, j joinedMachine) {
 	}
 }
 
+// reportWarmStart puts how a node tried warm started on the Cluster, and a failed warm
+// start in a Warning Event too: the node still came, but slower, and an operator
+// should know why the pool did not serve it. A failed report is only logged.
+func (d *Driver) reportWarmStart(ctx context.Context, name string, w nodes.WarmStart) {
+	var ok bool
+	var reason, msg string
+	switch {
+	case w.Failed != "":
+		reason, msg = "WarmStartFailed", w.Failed
+		d.log.Warn("warm start failed; the node booted cold", "node", name, "why", w.Failed)
+		d.event(ctx, scale.Decision{}, corev1.EventTypeWarning, reason, msg)
+	case w.Claimed:
+		ok, reason, msg = true, "WarmPoolClaimed", fmt.Sprintf("node %s started from a pre-booted warm-pool VM", name)
+	default:
+		return
+	}
+	if d.status == nil {
+		return
+	}
+	if err := d.status.RecordWarmStart(ctx, d.cfg.Cluster, ok, reason, msg); err != nil {
+		d.log.Error("record the warm start in the cluster status", "node", name, "err", err)
+	}
+}
+
 // capacityWait is a node the host had no room for.
 type capacityWait struct {
 	node scale.NewNode
@@ -380,7 +404,7 @@ func (d *Driver) create(ctx context.Context, size scale.NodeSize, decided time.T
 	if err != nil {
 		return err
 	}
-	_, err = d.provider.Create(ctx, nodes.NodeRequest{
+	inst, err := d.provider.Create(ctx, nodes.NodeRequest{
 		Cluster: d.cfg.Cluster, Name: name,
 		CPUs: size.CPUs, MemoryMiB: size.MemoryMiB, DiskMiB: size.DiskMiB, MaxPods: size.MaxPods,
 		Labels: scale.NodeLabels(name, size),
@@ -388,6 +412,7 @@ func (d *Driver) create(ctx context.Context, size scale.NodeSize, decided time.T
 	if err != nil {
 		return fmt.Errorf("create node %s: %w", name, err)
 	}
+	d.reportWarmStart(ctx, name, inst.Warm)
 	n, _ := d.nodeLister.Get(name) // a provider may register the Node within Create
 	d.starts.booted(name, decided, d.now(), n)
 	return nil

@@ -79,6 +79,7 @@ type Provider struct {
 	instances   map[string]nodes.Instance
 	calls       []Call
 	failNext    map[Op]error
+	warmNext    *nodes.WarmStart
 	hostMemMiB  int64
 	hostDiskMiB int64
 }
@@ -148,6 +149,14 @@ func (p *Provider) FailNext(op Op, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.failNext[op] = err
+}
+
+// WarmNext makes the next successful Create report w as how it started the machine
+// (once), as a substrate with a warm pool would.
+func (p *Provider) WarmNext(w nodes.WarmStart) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.warmNext = &w
 }
 
 // Calls returns a copy of every call so far, in order.
@@ -230,6 +239,10 @@ func (p *Provider) create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 		DiskMiB:    req.DiskMiB,
 	}
 	p.instances[req.Name] = inst
+	var warm nodes.WarmStart
+	if p.warmNext != nil {
+		warm, p.warmNext = *p.warmNext, nil
+	}
 	p.mu.Unlock()
 
 	if p.client != nil {
@@ -240,6 +253,7 @@ func (p *Provider) create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 			return nodes.Instance{}, fmt.Errorf("fake: register node %s: %w", req.Name, err)
 		}
 	}
+	inst.Warm = warm
 	return inst, nil
 }
 

@@ -101,13 +101,14 @@ func (p *Provider) Create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 	if plan.NodeCIDR == nil || plan.Gateway == nil {
 		return nodes.Instance{}, fmt.Errorf("node %s: network plan of cluster %s is incomplete: build it with nodenet.ForIndex", req.Name, req.Cluster)
 	}
-	if inst, ok := p.claim(ctx, req, plan, t0); ok {
+	inst, warm := p.claim(ctx, req, plan, t0)
+	if warm.Claimed {
 		return inst, nil
 	}
-	inst, addr, err := p.reserve(req, plan)
+	cold, addr, err := p.reserve(req, plan)
 	if nodes.IsCapacity(err) && p.evictPoolVM(req.Name) {
 		// The warm pool never keeps a node out: one of its VMs made room.
-		inst, addr, err = p.reserve(req, plan)
+		cold, addr, err = p.reserve(req, plan)
 	}
 	if err != nil {
 		return nodes.Instance{}, err
@@ -118,14 +119,14 @@ func (p *Provider) Create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 	ok := false
 	defer func() {
 		if !ok {
-			p.undoCreate(inst, tapAdded)
+			p.undoCreate(cold, tapAdded)
 		}
 	}()
 
-	if err := writeRecord(inst.dir, inst.rec); err != nil {
+	if err := writeRecord(cold.dir, cold.rec); err != nil {
 		return nodes.Instance{}, err
 	}
-	id, err := p.identity(ctx, req, plan, addr, inst.rec.MAC)
+	id, err := p.identity(ctx, req, plan, addr, cold.rec.MAC)
 	if err != nil {
 		return nodes.Instance{}, err
 	}
@@ -136,18 +137,20 @@ func (p *Provider) Create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 	addTap := func(ctx context.Context) (nodenet.Tap, error) {
 		return p.deps.Networks.AddTap(ctx, req.Cluster, plan, req.Name)
 	}
-	b, err := p.boot(ctx, inst, disk.Bytes(), addTap, &tapAdded)
+	b, err := p.boot(ctx, cold, disk.Bytes(), addTap, &tapAdded)
 	if err != nil {
 		return nodes.Instance{}, err
 	}
 	ok = true
 	p.mu.Lock()
-	inst.creating = false
+	cold.creating = false
 	p.mu.Unlock()
-	log.Info("node VM started", "address", inst.rec.Address, "tap", inst.rec.Tap, "pid", inst.rec.Process.PID,
-		"accel", inst.rec.Accel, "rootfs", string(b.method), "clone", b.clone.Round(time.Millisecond),
+	log.Info("node VM started", "address", cold.rec.Address, "tap", cold.rec.Tap, "pid", cold.rec.Process.PID,
+		"accel", cold.rec.Accel, "rootfs", string(b.method), "clone", b.clone.Round(time.Millisecond),
 		"qemuUp", b.qemuUp.Round(time.Millisecond), "took", time.Since(t0).Round(time.Millisecond))
-	return p.instanceView(inst, nodes.StateRunning), nil
+	view := p.instanceView(cold, nodes.StateRunning)
+	view.Warm = warm // a failed claim says why it booted cold
+	return view, nil
 }
 
 // booted is how a VM's boot went, for its log line.

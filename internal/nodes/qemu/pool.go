@@ -410,33 +410,35 @@ func (p *Provider) bootPoolVM(ctx context.Context) error {
 }
 
 // claim hands an unclaimed pool VM of req's size to req's node instead of booting one
-// (see the comment at the top). false: nothing was claimed and the caller boots the node
-// cold. A claim that fails once it changed the VM destroys it; one that fails before
-// (the joiner, a directory in the way) gives it back to the pool.
-func (p *Provider) claim(ctx context.Context, req nodes.NodeRequest, plan nodenet.Plan, t0 time.Time) (nodes.Instance, bool) {
+// (see the comment at the top). Not Claimed: the caller boots the node cold; Failed then
+// says why, if a claim was tried. A claim that fails once it changed the VM destroys it;
+// one that fails before (the joiner, a directory in the way) gives it back to the pool.
+func (p *Provider) claim(ctx context.Context, req nodes.NodeRequest, plan nodenet.Plan, t0 time.Time) (nodes.Instance, nodes.WarmStart) {
 	if !p.poolOn() {
-		return nodes.Instance{}, false
+		return nodes.Instance{}, nodes.WarmStart{}
 	}
 	if !p.pool.shape.fits(req) {
 		p.pool.claims.WithLabelValues(claimMissShape).Inc()
-		return nodes.Instance{}, false
+		return nodes.Instance{}, nodes.WarmStart{}
 	}
 	inst, addr, poolName, wasReady := p.pickPoolVM(req, plan)
 	if inst == nil {
-		return nodes.Instance{}, false
+		return nodes.Instance{}, nodes.WarmStart{}
 	}
 	log := p.log.With("cluster", req.Cluster, "node", req.Name, "vm", poolName)
-	fail := func(step string, err error, changed bool) (nodes.Instance, bool) {
+	fail := func(step string, err error, changed bool) (nodes.Instance, nodes.WarmStart) {
 		p.pool.claims.WithLabelValues(claimFailed).Inc()
+		fate := "it stays in the pool"
 		if changed {
 			p.discardClaim(inst, req.Name, poolName, err)
-			log.Warn("claiming a warm-pool VM failed; the VM was destroyed and the node boots cold", "step", step, "err", err)
+			fate = "it was destroyed"
 		} else {
 			p.releaseClaim(inst, req.Name, poolName)
-			log.Warn("claiming a warm-pool VM failed; the VM stays in the pool and the node boots cold", "step", step, "err", err)
 		}
+		log.Warn("claiming a warm-pool VM failed; the node boots cold", "step", step, "err", err, "vm", fate)
 		p.kickPool()
-		return nodes.Instance{}, false
+		return nodes.Instance{}, nodes.WarmStart{Failed: fmt.Sprintf(
+			"claiming warm-pool VM %s failed at its %s step (%v); %s, and node %s booted cold", poolName, step, err, fate, req.Name)}
 	}
 
 	id, err := p.identity(ctx, req, plan, addr, inst.rec.MAC)
@@ -492,7 +494,9 @@ func (p *Provider) claim(ctx context.Context, req nodes.NodeRequest, plan nodene
 	log.Info("node VM claimed from the warm pool", "address", rec.Address, "tap", rec.Tap, "pid", rec.Process.PID,
 		"accel", rec.Accel, "guestReady", wasReady, "took", time.Since(t0).Round(time.Millisecond))
 	p.kickPool()
-	return p.instanceView(inst, nodes.StateRunning), true
+	view := p.instanceView(inst, nodes.StateRunning)
+	view.Warm.Claimed = true
+	return view, view.Warm
 }
 
 // pickPoolVM takes the best claimable pool VM for req (one whose guest waits for its

@@ -279,8 +279,8 @@ func TestPoolMisses(t *testing.T) {
 	vm := onlyPoolVM(t, p)
 	other := req("a", "a-big")
 	other.MemoryMiB = 512
-	if _, err := p.Create(ctx, other); err != nil {
-		t.Fatal(err)
+	if inst, err := p.Create(ctx, other); err != nil || inst.Warm != (nodes.WarmStart{}) {
+		t.Fatalf("Create of another size: %+v, %v; want a cold boot with no warm start tried", inst.Warm, err)
 	}
 	if info, _ := p.Info("a-big"); info.MAC != nodenet.NodeMAC("a", "a-big").String() {
 		t.Errorf("node of another size has MAC %s: not booted cold", info.MAC)
@@ -323,8 +323,12 @@ func TestPoolClaimFailure(t *testing.T) {
 	e.net.mu.Lock()
 	e.net.failClaim = errors.New("bridge swb5 is gone")
 	e.net.mu.Unlock()
-	if _, err := p.Create(ctx, req("a", "a-fallback")); err != nil {
+	fallback, err := p.Create(ctx, req("a", "a-fallback"))
+	if err != nil {
 		t.Fatalf("Create after a failed claim: %v; want the node booted cold", err)
+	}
+	if w := fallback.Warm; w.Claimed || !strings.Contains(w.Failed, "bridge swb5 is gone") || !strings.Contains(w.Failed, "booted cold") {
+		t.Errorf("Create after a failed claim reports %+v; want why it booted cold", w)
 	}
 	info, _ := p.Info("a-fallback")
 	if info.PID == pool.PID || info.MAC != nodenet.NodeMAC("a", "a-fallback").String() || info.State != nodes.StateRunning {
@@ -362,8 +366,12 @@ func TestPoolClaimFailure(t *testing.T) {
 	e.join.mu.Lock()
 	e.join.err = nil
 	e.join.mu.Unlock()
-	if _, err := p.Create(ctx, req("a", "a-late")); err != nil {
+	late, err := p.Create(ctx, req("a", "a-late"))
+	if err != nil {
 		t.Fatal(err)
+	}
+	if late.Warm != (nodes.WarmStart{Claimed: true}) {
+		t.Errorf("a claimed node reports %+v, want Claimed", late.Warm)
 	}
 	if n, _ := p.Info("a-late"); n.MAC != nodenet.PoolMAC(vm2).String() {
 		t.Errorf("the kept pool VM was not claimed later: %+v", n)
