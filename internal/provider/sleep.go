@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
@@ -17,6 +16,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
 	"github.com/socialweb-computer/socialweb/internal/lease"
 	"github.com/socialweb-computer/socialweb/internal/pki"
+	"github.com/socialweb-computer/socialweb/internal/scale"
 	"github.com/socialweb-computer/socialweb/internal/sleep"
 )
 
@@ -303,17 +303,43 @@ func (p *Provider) observeTenant(ctx context.Context, name string, o *sleep.Obse
 		return fmt.Errorf("listing nodes: %w", err)
 	}
 	o.Nodes = len(nodes.Items)
-	// What the scale decision boots nodes for: Pods the scheduler has not placed.
-	pods, err := tenant.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=,status.phase=" + string(corev1.PodPending)})
+	// What the scale decision boots nodes for (its intent): Pods not placed yet, and
+	// the Pods Jobs, Deployments and StatefulSets still lack.
+	var want scale.Observed
+	pods, err := tenant.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return fmt.Errorf("listing pending pods: %w", err)
+		return fmt.Errorf("listing pods: %w", err)
 	}
-	o.WantsNodes = len(pods.Items)
-	jobs, err := tenant.BatchV1().CronJobs("").List(ctx, metav1.ListOptions{})
+	for i := range pods.Items {
+		want.Pods = append(want.Pods, &pods.Items[i])
+	}
+	jobs, err := tenant.BatchV1().Jobs("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing jobs: %w", err)
+	}
+	for i := range jobs.Items {
+		want.Jobs = append(want.Jobs, &jobs.Items[i])
+	}
+	deployments, err := tenant.AppsV1().Deployments("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing deployments: %w", err)
+	}
+	for i := range deployments.Items {
+		want.Deployments = append(want.Deployments, &deployments.Items[i])
+	}
+	statefulSets, err := tenant.AppsV1().StatefulSets("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing statefulsets: %w", err)
+	}
+	for i := range statefulSets.Items {
+		want.StatefulSets = append(want.StatefulSets, &statefulSets.Items[i])
+	}
+	o.WantsNodes = scale.Wanting(want)
+	cronJobs, err := tenant.BatchV1().CronJobs("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("listing cronjobs: %w", err)
 	}
-	o.NextCron = sleep.NextCron(jobs.Items, o.Now)
+	o.NextCron = sleep.NextCron(cronJobs.Items, o.Now)
 	return nil
 }
 

@@ -35,9 +35,7 @@ func Decide(o Observed) (Decision, error) {
 			}
 			continue
 		}
-		if p.DeletionTimestamp != nil || len(p.Spec.SchedulingGates) > 0 {
-			// An unbound Pod being deleted will never run; a gated one may not be
-			// scheduled yet, so booting a node for it would only idle.
+		if !placeable(p) {
 			continue
 		}
 		intent++

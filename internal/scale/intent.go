@@ -47,6 +47,26 @@ func isWorkload(p *corev1.Pod) bool {
 	return false
 }
 
+// placeable: an unbound Pod that may be scheduled. One being deleted will never run; a
+// gated one may not be scheduled yet, so booting a node for it would only idle.
+func placeable(p *corev1.Pod) bool {
+	return p.DeletionTimestamp == nil && len(p.Spec.SchedulingGates) == 0
+}
+
+// Wanting counts what asks for a node in a cluster that has none: unbound workload Pods
+// that may be scheduled, and the Pods Jobs, Deployments and StatefulSets still lack. It
+// is Decide's intent before the node sizes are tried (a Pod no size fits still asks),
+// from o's Pods and workloads only; the sleep decision reads it.
+func Wanting(o Observed) int {
+	n := 0
+	for _, p := range o.Pods {
+		if isWorkload(p) && p.Spec.NodeName == "" && placeable(p) {
+			n++
+		}
+	}
+	return n + len(workloadDemands(&o))
+}
+
 // BlocksRemoval reports whether p, bound to a node, keeps that node: a live workload Pod,
 // or any live Pod annotated do-not-disrupt. The driver re-checks a node with it right
 // before deleting, to close the race between a decision and a Pod being bound.

@@ -24,7 +24,7 @@ type Observed struct {
 	// LastRequest is the last API request from outside socialweb (zero: none seen).
 	LastRequest time.Time
 	Nodes       int // Node objects
-	// WantsNodes counts Pods waiting for a node: the scale decision's intent.
+	// WantsNodes counts what asks for a node (scale.Wanting): the scale decision's intent.
 	WantsNodes int
 	// NextCron is when the next CronJob is due (zero: none is scheduled).
 	NextCron time.Time
