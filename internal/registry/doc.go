@@ -56,4 +56,17 @@
 // sessions live in the serving process's memory; files in uploads/ older than a day are
 // removed when a Server starts. Nothing is garbage-collected: deleting a tag leaves its
 // blobs.
+//
+// # Why not a library
+//
+// Weighed before growing this package: go-containerregistry's pkg/registry (v0.22.1)
+// keeps manifests and tags in a map in memory (only blobs have a disk handler), so a
+// daemon restart would lose every pushed image, and it has no hook for what a push
+// must start here (unpacking layers for the nodes, internal/layerstore).
+// distribution/distribution is a whole registry whose filesystem driver could replace
+// store.go, but it brings its configuration, storage-driver and notification machinery
+// and a large dependency tree, and the mirror naming above (containerd's ?ns=) and the
+// push hook would still be written here. What is ours is the part no library has: the
+// names, the on-disk layout several processes share, and Import of docker-archive and
+// OCI tarballs.
 package registry

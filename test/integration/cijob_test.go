@@ -68,7 +68,11 @@ func TestCIJob(t *testing.T) {
 	t.Logf("builder image %s (%s) ready in %s", images.BuilderRef(), builderDigest, time.Since(t0).Round(time.Second))
 	repos := gitRepoOfModule(t, ctx, jobModule, jobModuleVersion, "uuid")
 
-	d := newDaemon(t, 1, "--node-image", img)
+	// Through the front door, as a runner on another machine reaches the tenant: the
+	// credential names the door and the cluster's SNI name, so the attach, the execs and
+	// the watches of the job all pass through it (issue 13).
+	door := fmt.Sprintf("127.0.0.1:%d", livetest.FreePort(t))
+	d := newDaemon(t, 1, "--node-image", img, "--front-door", door)
 	// Pushed once, before the daemon starts, as an operator seeds the host registry.
 	d.mustCLI("image", "push", builderTar)
 	d.start()
@@ -81,6 +85,10 @@ func TestCIJob(t *testing.T) {
 	runnerCfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(credDir, "kubeconfig"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if runnerCfg.Host != "https://"+door || !strings.HasPrefix(runnerCfg.TLSClientConfig.ServerName, "ci.") {
+		t.Fatalf("the runner credential names %s (server name %q), want the front door %s and ci.<domain>",
+			runnerCfg.Host, runnerCfg.TLSClientConfig.ServerName, door)
 	}
 	runner := kubernetes.NewForConfigOrDie(runnerCfg)
 	gitURL := serveGit(t, d.cluster("ci").Status.Gateway, repos)

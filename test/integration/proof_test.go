@@ -71,7 +71,8 @@ func TestFourStepProof(t *testing.T) {
 	img := nodeImage(t)
 	args := []string{"--node-image", img}
 	// Every client call of the proof goes through the front door (logs, exec over
-	// websocket and SPDY, port-forward); TestCIJob's go to the tenant's own port.
+	// websocket and SPDY, port-forward), as TestCIJob's do; the sleep tests and
+	// TestTwoClustersIsolatedAndSurviveRestarts use the tenants' own ports.
 	args = append(args, "--front-door", fmt.Sprintf("127.0.0.1:%d", livetest.FreePort(t)))
 	d := newDaemon(t, 1, args...)
 	d.start()
