@@ -37,7 +37,7 @@
 // 0 and agent up the guest time from reading its identity to its boot steps done, as the
 // daemon's breakdown counts it. The pool refills while a run goes on, as it would in use.
 //
-//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi] [-large 1024] [-timeout 20m] [-tcg-cache-mib 128] [-shared-layers=false] [-warm-pool 5]
+//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi] [-large 1024] [-timeout 20m] [-tcg-cache-mib 128] [-shared-layers=false] [-warm-pool 5 [-warm-pool-prewarm=false]]
 package main
 
 import (
@@ -82,6 +82,7 @@ func main() {
 	tcgCache := flag.Int64("tcg-cache-mib", 0, "the daemon's --tcg-cache-mib (TCG translation cache per VM; 0: the daemon's default)")
 	shared := flag.Bool("shared-layers", true, "the daemon's and image push's --shared-layers (layers unpacked on the host and shared with nodes; false: nodes pull)")
 	warmPool := flag.Int("warm-pool", 0, "the daemon's --warm-pool: node VMs of the cluster's node size kept booted, claimed by the runs' nodes (0: every node boots cold)")
+	prewarm := flag.Bool("warm-pool-prewarm", true, "the daemon's --warm-pool-prewarm: pool VMs run the programs of a Pod start while they wait")
 	warmTimeout := flag.Duration("warm-timeout", 10*time.Minute, "how long to wait before each run for min(-warm-pool, -pods) pool VMs to be ready")
 	flag.Parse()
 	if *image == "" {
@@ -121,7 +122,7 @@ func main() {
 		// sets none), and the Pods request nothing, so nodes get the smallest size.
 		metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
 		metricsURL = "http://" + metricsAddr + "/metrics"
-		daemon.Args = append(daemon.Args, "--warm-pool", strconv.Itoa(*warmPool),
+		daemon.Args = append(daemon.Args, "--warm-pool", strconv.Itoa(*warmPool), "--warm-pool-prewarm="+strconv.FormatBool(*prewarm),
 			"--default-node-cpus", "1", "--default-node-memory", *memory, "--metrics-address", metricsAddr)
 	}
 	logf, err := os.Create(state + ".log")

@@ -86,18 +86,26 @@ func TestEnvTwinIsGiven(t *testing.T) {
 	}
 }
 
-// serve --warm-pool defaults to no pool and has its env twin.
-func TestWarmPoolFlag(t *testing.T) {
-	cmd := newServeCommand(&globalOptions{})
-	f := cmd.Flags().Lookup("warm-pool")
-	if f == nil || f.DefValue != "0" || !strings.Contains(f.Usage, "$SOCIALWEB_WARM_POOL") {
-		t.Fatalf("--warm-pool: %+v", f)
+// serve's warm-pool flags: their defaults and env twins.
+func TestWarmPoolFlags(t *testing.T) {
+	tests := []struct{ flag, def, env, set string }{
+		{"warm-pool", "0", "SOCIALWEB_WARM_POOL", "2"},
+		{"warm-pool-prewarm", "true", "SOCIALWEB_WARM_POOL_PREWARM", "false"},
 	}
-	t.Setenv("SOCIALWEB_WARM_POOL", "2")
-	if err := applyEnv(cmd); err != nil {
-		t.Fatal(err)
-	}
-	if f.Value.String() != "2" {
-		t.Errorf("--warm-pool after SOCIALWEB_WARM_POOL=2: %s", f.Value)
+	for _, tt := range tests {
+		t.Run(tt.flag, func(t *testing.T) {
+			cmd := newServeCommand(&globalOptions{})
+			f := cmd.Flags().Lookup(tt.flag)
+			if f == nil || f.DefValue != tt.def || !strings.Contains(f.Usage, "$"+tt.env) {
+				t.Fatalf("--%s: %+v, want default %s and $%s in its usage", tt.flag, f, tt.def, tt.env)
+			}
+			t.Setenv(tt.env, tt.set)
+			if err := applyEnv(cmd); err != nil {
+				t.Fatal(err)
+			}
+			if f.Value.String() != tt.set {
+				t.Errorf("--%s after %s=%s: %s", tt.flag, tt.env, tt.set, f.Value)
+			}
+		})
 	}
 }

@@ -81,6 +81,12 @@ func (a *Agent) waitClaim(ctx context.Context, dev string, p claimPoller) (ident
 		case <-wctx.Done():
 		}
 	}()
+	if b, err := p.read(); err == nil {
+		if pool, err := identity.DecodePool(bytes.NewReader(b)); err == nil && pool.Prewarm {
+			stop := a.startPrewarm(wctx)
+			defer stop()
+		}
+	}
 	t0 := time.Now()
 	id, err := p.wait(wctx)
 	if err != nil {

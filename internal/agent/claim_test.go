@@ -24,7 +24,7 @@ type disks struct{ pool, claimed, torn, invalid []byte }
 func testDisks(t *testing.T) disks {
 	t.Helper()
 	var pool, claimed bytes.Buffer
-	if err := identity.EncodePool(&pool); err != nil {
+	if err := identity.EncodePool(&pool, identity.Pool{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := identity.EncodeSized(&claimed, sampleIdentity(), identity.PoolDiskSize); err != nil {

@@ -74,8 +74,12 @@ type Options struct {
 	// WarmPool is how many node VMs of the default node size (Defaults' NodeCPUs,
 	// NodeMemory, NodeDisk) are kept booted for no cluster, handed to the first clusters
 	// that want a node of that size; 0 keeps none.
-	WarmPool       int
-	MetricsAddress string
+	WarmPool int
+	// WarmPoolPrewarm has each pool VM run, while it waits, the programs a Pod's start
+	// runs (runc, its shim, the CNI plugins), so a claimed node's first Pod does not pay
+	// for their first run under TCG.
+	WarmPoolPrewarm bool
+	MetricsAddress  string
 	// FrontDoor is host:port of the one listener every tenant is reached
 	// through, by SNI; empty leaves each tenant on its own loopback port only.
 	FrontDoor string
@@ -326,7 +330,8 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	}
 	nodeServices, err := nodeservice.Start(ctx,
 		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, BootTimeout: v.NodeBootTimeout,
-			SharedLayers: v.SharedLayers, Executable: v.Executable, WarmPool: v.WarmPool, WarmPoolShape: warmPoolShape(v.Defaults)},
+			SharedLayers: v.SharedLayers, Executable: v.Executable, WarmPool: v.WarmPool, WarmPoolShape: warmPoolShape(v.Defaults),
+			WarmPoolPrewarm: v.WarmPoolPrewarm},
 		nodeservice.Deps{Networks: nets, Plan: plan, Status: provider.ScaleStatus{Client: dyn}, Metrics: reg, Log: log})
 	if err != nil {
 		return err

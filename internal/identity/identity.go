@@ -119,20 +119,42 @@ const PoolDiskSize = 64 << 10
 // has claimed yet: the agent waits and reads the disk again.
 var ErrUnclaimed = errors.New("identity disk: a warm-pool VM not yet claimed by a cluster")
 
-// poolDoc is the whole document of an unclaimed pool VM's disk.
-type poolDoc struct {
-	Pool bool `json:"pool"`
+// Pool is what an unclaimed warm-pool VM is told besides that it waits to be claimed.
+type Pool struct {
+	// Prewarm: while it waits, the agent runs once each program a Pod's start runs, so
+	// that the first Pod after the claim does not pay for their first run (agent.prewarm).
+	Prewarm bool `json:"prewarm,omitempty"`
 }
 
-// EncodePool writes the disk image of an unclaimed warm-pool VM: {"pool":true}
+// poolDoc is the whole document of an unclaimed pool VM's disk.
+type poolDoc struct {
+	Pool    bool `json:"pool"`
+	Prewarm bool `json:"prewarm,omitempty"`
+}
+
+// EncodePool writes the disk image of an unclaimed warm-pool VM: {"pool":true,...}
 // padded with zeros to PoolDiskSize.
-func EncodePool(w io.Writer) error {
-	b, err := json.Marshal(poolDoc{Pool: true})
+func EncodePool(w io.Writer, p Pool) error {
+	b, err := json.Marshal(poolDoc{Pool: true, Prewarm: p.Prewarm})
 	if err != nil {
 		return err
 	}
 	_, err = w.Write(append(b, make([]byte, PoolDiskSize-len(b))...))
 	return err
+}
+
+// DecodePool reads the disk image of an unclaimed warm-pool VM (EncodePool); anything
+// else is an error.
+func DecodePool(r io.Reader) (Pool, error) {
+	b, err := io.ReadAll(io.LimitReader(r, MaxSize))
+	if err != nil {
+		return Pool{}, fmt.Errorf("reading identity disk: %w", err)
+	}
+	var doc poolDoc
+	if err := json.Unmarshal(bytes.TrimRight(b, "\x00"), &doc); err != nil || !doc.Pool {
+		return Pool{}, errors.New("identity disk holds no warm-pool document")
+	}
+	return Pool{Prewarm: doc.Prewarm}, nil
 }
 
 // EncodeSized writes the disk image of id padded with zeros to exactly size bytes (a

@@ -68,7 +68,7 @@ func TestDecodeRejectsGarbage(t *testing.T) {
 
 func TestPoolDisk(t *testing.T) {
 	var pool bytes.Buffer
-	if err := EncodePool(&pool); err != nil {
+	if err := EncodePool(&pool, Pool{}); err != nil {
 		t.Fatal(err)
 	}
 	if pool.Len() != PoolDiskSize {
@@ -98,5 +98,25 @@ func TestPoolDisk(t *testing.T) {
 	bad.Cluster = ""
 	if err := EncodeSized(&claimed, bad, PoolDiskSize); err == nil {
 		t.Error("EncodeSized of an invalid identity: no error")
+	}
+}
+
+func TestDecodePool(t *testing.T) {
+	for _, want := range []Pool{{}, {Prewarm: true}} {
+		var disk bytes.Buffer
+		if err := EncodePool(&disk, want); err != nil {
+			t.Fatal(err)
+		}
+		got, err := DecodePool(&disk)
+		if err != nil || got != want {
+			t.Errorf("DecodePool(EncodePool(%+v)) = %+v, %v", want, got, err)
+		}
+	}
+	var id bytes.Buffer
+	if err := EncodeSized(&id, sample(), PoolDiskSize); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DecodePool(&id); err == nil {
+		t.Error("DecodePool read a claimed disk as a pool document")
 	}
 }

@@ -51,6 +51,8 @@ type Config struct {
 	// provider keeps booted for no cluster; 0 keeps none.
 	WarmPool      int
 	WarmPoolShape qemu.PoolShape
+	// WarmPoolPrewarm: pool VMs run the programs of a Pod start while they wait.
+	WarmPoolPrewarm bool
 }
 
 // LayersDir is the host layer store under a daemon's state dir.
@@ -94,7 +96,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 		layers = &layershare.Config{Dir: store.Dir(), Executable: cfg.Executable}
 	}
 	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(cfg.StateDir, "nodes"), ImageDir: cfg.NodeImage, Verdict: cfg.Verdict, TCGCacheMiB: cfg.TCGCacheMiB, Layers: layers,
-		PoolSize: cfg.WarmPool, PoolShape: cfg.WarmPoolShape, PoolRefillDelay: qemu.DefaultPoolRefillDelay},
+		PoolSize: cfg.WarmPool, PoolShape: cfg.WarmPoolShape, PoolPrewarm: cfg.WarmPoolPrewarm, PoolRefillDelay: qemu.DefaultPoolRefillDelay},
 		qemu.Deps{Networks: deps.Networks, Joiner: joiners, Plan: deps.Plan, Log: log.With("component", "qemu")})
 	if err != nil {
 		return nil, fmt.Errorf("starting the node provider: %w", err)

@@ -392,7 +392,7 @@ func (p *Provider) bootPoolVM(ctx context.Context) error {
 		return err
 	}
 	var disk bytes.Buffer
-	if err := identity.EncodePool(&disk); err != nil {
+	if err := identity.EncodePool(&disk, identity.Pool{Prewarm: p.cfg.PoolPrewarm}); err != nil {
 		return fmt.Errorf("warm-pool VM %s: identity disk: %w", name, err)
 	}
 	addTap := func(ctx context.Context) (nodenet.Tap, error) { return p.deps.Networks.AddPoolTap(ctx, name) }

@@ -132,6 +132,10 @@ type Config struct {
 	// (pool.go): a Create of that size takes one instead of booting. 0 keeps none; at most
 	// MaxPoolSize.
 	PoolSize int
+	// PoolPrewarm tells the pool's VMs to run, while they wait, the programs a Pod's
+	// start runs (identity.Pool): under TCG the first Pod after a claim then does not
+	// pay for their first run.
+	PoolPrewarm bool
 	// PoolShape is the size of the pool's VMs: the daemon's default node size.
 	PoolShape PoolShape
 	// PoolRefillDelay is how long the pool waits after a claim before it boots the
