@@ -310,30 +310,22 @@ func (p *Provider) observeTenant(ctx context.Context, name string, o *sleep.Obse
 	if err != nil {
 		return fmt.Errorf("listing pods: %w", err)
 	}
-	for i := range pods.Items {
-		want.Pods = append(want.Pods, &pods.Items[i])
-	}
+	want.Pods = pointers(pods.Items)
 	jobs, err := tenant.BatchV1().Jobs("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("listing jobs: %w", err)
 	}
-	for i := range jobs.Items {
-		want.Jobs = append(want.Jobs, &jobs.Items[i])
-	}
+	want.Jobs = pointers(jobs.Items)
 	deployments, err := tenant.AppsV1().Deployments("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("listing deployments: %w", err)
 	}
-	for i := range deployments.Items {
-		want.Deployments = append(want.Deployments, &deployments.Items[i])
-	}
+	want.Deployments = pointers(deployments.Items)
 	statefulSets, err := tenant.AppsV1().StatefulSets("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("listing statefulsets: %w", err)
 	}
-	for i := range statefulSets.Items {
-		want.StatefulSets = append(want.StatefulSets, &statefulSets.Items[i])
-	}
+	want.StatefulSets = pointers(statefulSets.Items)
 	o.WantsNodes = scale.Wanting(want)
 	cronJobs, err := tenant.BatchV1().CronJobs("").List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -450,4 +442,13 @@ func (p *Provider) nextWake(name string) *metav1.Time {
 func (p *Provider) exitedSince(name string, t time.Time) bool {
 	st, ok := p.sup.State(ProcessName(name))
 	return ok && !st.Running && st.LastExit != "" && st.Since.After(t)
+}
+
+// pointers points at each item of a list's Items.
+func pointers[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
+	}
+	return out
 }
