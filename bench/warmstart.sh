@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Warm starts (issue 12 item 2) against cold boots, side by side in one run: rounds of
 # bench/nodeboot with the daemon's --warm-pool P (P = Pods per run: each node claims a
-# pool VM that is ready before the Pods are created), then --warm-pool 0, each a fresh
+# pool VM that is ready, and has waited -warm-settle (15 s) as pool VMs in use wait longer,
+# before the Pods are created), then --warm-pool 0, each a fresh
 # daemon and a cluster at zero nodes, the other flags the same.
 #   bench/warmstart.sh [-rounds 2] [-pods 1] [-large 0] [-memory 1Gi] [-prewarm-off]
 # Issue 12's rows:
