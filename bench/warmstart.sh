@@ -4,28 +4,28 @@
 # pool VM that is ready, and has waited -warm-settle (15 s) as pool VMs in use wait longer,
 # before the Pods are created), then --warm-pool 0, each a fresh
 # daemon and a cluster at zero nodes, the other flags the same.
-#   bench/warmstart.sh [-rounds 2] [-pods 1] [-large 0] [-memory 1Gi] [-prewarm-off]
+#   bench/warmstart.sh [-rounds 2] [-pods 1] [-large 0] [-memory 1Gi] [-prewarm]
 # Issue 12's rows:
 #   busybox Pod Pending -> Running, cluster at zero nodes   bench/warmstart.sh
 #   a Pod of ~140 MB of images from the host registry       bench/warmstart.sh -large 140
 #   five such Pods on five nodes, compared with one         bench/warmstart.sh -pods 5 -memory 512Mi
 # -large MIB runs a locally built image of that size (0: busybox); -memory is the node
 # size (the pool's VMs get the same; P of them and P nodes must fit the host).
-# -prewarm-off adds a third run per round, warm with --warm-pool-prewarm=false (pool VMs
-# that do not run the programs of a Pod start while they wait), between the two.
+# -prewarm adds a third run per round, warm with --warm-pool-prewarm (pool VMs that run
+# the programs of a Pod start once while they wait), between the two.
 # Prints each run's tables, then per round the time from the Pods created to all Running,
 # warm and cold, their ratio, and the claims that hit the pool (P of P when all did).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=2 pods=1 large=0 memory=1Gi prewarmoff=0
+rounds=2 pods=1 large=0 memory=1Gi prewarm=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    -prewarm-off) prewarmoff=1; shift ;;
+    -prewarm) prewarm=1; shift ;;
     -rounds) rounds="$2"; shift 2 ;;
     -pods) pods="$2"; shift 2 ;;
     -large) large="$2"; shift 2 ;;
     -memory) memory="$2"; shift 2 ;;
-    *) echo "usage: $0 [-rounds N] [-pods N] [-large MIB] [-memory QUANTITY] [-prewarm-off]" >&2; exit 2 ;;
+    *) echo "usage: $0 [-rounds N] [-pods N] [-large MIB] [-memory QUANTITY] [-prewarm]" >&2; exit 2 ;;
   esac
 done
 ./hack/build bin/socialweb >&2
@@ -34,21 +34,21 @@ image="$(bin/socialweb image build --ensure 2>/dev/null | tail -1 | sed -n 's/.*
 out="$(mktemp -d /tmp/socialweb-warmstart.XXXXXX)"
 for r in $(seq 1 "$rounds"); do
   variants="$pods"
-  [ "$prewarmoff" = 1 ] && variants="$variants off"
+  [ "$prewarm" = 1 ] && variants="$variants pre"
   for v in $variants 0; do
-    pool="$v" prewarm=true
-    [ "$v" = off ] && pool="$pods" prewarm=false
-    echo "## round $r, warm pool $pool, prewarm $prewarm" | tee -a "$out/all"
+    pool="$v" pre=false
+    [ "$v" = pre ] && pool="$pods" pre=true
+    echo "## round $r, warm pool $pool, prewarm $pre" | tee -a "$out/all"
     bin/nodeboot -bin bin/socialweb -image "$image" -runs 1 -pods "$pods" -memory "$memory" -large "$large" -warm-pool "$pool" \
-      -warm-pool-prewarm="$prewarm" | tee "$out/$r-$v" | tee -a "$out/all"
+      -warm-pool-prewarm="$pre" | tee "$out/$r-$v" | tee -a "$out/all"
   done
 done
 # The run table (its header has "Pending ->"): column 2 is N Pending -> N Running, the
 # last the warm hits.
 row() { awk -F'|' '/Pending -> /{t=1; next} t && /^\| 1 \|/{gsub(/[ s]/,"",$3); gsub(/ /,"",$(NF-1)); print $3, $(NF-1); exit}' "$1"; }
 echo
-if [ "$prewarmoff" = 1 ]; then
-  echo "| round | warm: $pods Pod(s) -> Running | warm, no prewarm | cold | no prewarm/warm | cold/warm | warm hits |"
+if [ "$prewarm" = 1 ]; then
+  echo "| round | warm: $pods Pod(s) -> Running | warm, prewarmed | cold | warm/prewarmed | cold/warm | warm hits |"
   echo "|---|---|---|---|---|---|---|"
 else
   echo "| round | warm: $pods Pod(s) -> Running | cold: $pods Pod(s) -> Running | cold/warm | warm hits |"
@@ -57,9 +57,9 @@ fi
 for r in $(seq 1 "$rounds"); do
   read -r warm hits < <(row "$out/$r-$pods")
   read -r cold _ < <(row "$out/$r-0")
-  if [ "$prewarmoff" = 1 ]; then
-    read -r off _ < <(row "$out/$r-off")
-    awk -v r="$r" -v w="$warm" -v o="$off" -v c="$cold" -v h="$hits" -v p="$pods" 'BEGIN{printf "| %s | %.1f s | %.1f s | %.1f s | %.2fx | %.2fx | %s of %s |\n", r, w, o, c, (w>0? o/w : 0), (w>0? c/w : 0), h, p}'
+  if [ "$prewarm" = 1 ]; then
+    read -r pw _ < <(row "$out/$r-pre")
+    awk -v r="$r" -v w="$warm" -v o="$pw" -v c="$cold" -v h="$hits" -v p="$pods" 'BEGIN{printf "| %s | %.1f s | %.1f s | %.1f s | %.2fx | %.2fx | %s of %s |\n", r, w, o, c, (o>0? w/o : 0), (w>0? c/w : 0), h, p}'
   else
     awk -v r="$r" -v w="$warm" -v c="$cold" -v h="$hits" -v p="$pods" 'BEGIN{printf "| %s | %.1f s | %.1f s | %.2fx | %s of %s |\n", r, w, c, (w>0? c/w : 0), h, p}'
   fi
