@@ -74,24 +74,23 @@ func (s *recStatus) RecordDecision(_ context.Context, c string, d scale.Decision
 	return nil
 }
 
-func (s *recStatus) RecordNodeBoot(_ context.Context, c string, ok bool, reason, message string) error {
+// record appends call to *to, for the cluster under test only.
+func (s *recStatus) record(c string, to *[]bootCall, call bootCall) error {
 	if c != cluster {
 		return fmt.Errorf("cluster %q", c)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.boots = append(s.boots, bootCall{ok, reason, message})
+	*to = append(*to, call)
 	return nil
 }
 
+func (s *recStatus) RecordNodeBoot(_ context.Context, c string, ok bool, reason, message string) error {
+	return s.record(c, &s.boots, bootCall{ok, reason, message})
+}
+
 func (s *recStatus) RecordNodeNetwork(_ context.Context, c string, ok bool, reason, message string) error {
-	if c != cluster {
-		return fmt.Errorf("cluster %q", c)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.network = append(s.network, bootCall{ok, reason, message})
-	return nil
+	return s.record(c, &s.network, bootCall{ok, reason, message})
 }
 
 func (s *recStatus) RecordNodeAccelerator(_ context.Context, c, accel, reason string) error {
@@ -105,23 +104,11 @@ func (s *recStatus) RecordNodeAccelerator(_ context.Context, c, accel, reason st
 }
 
 func (s *recStatus) RecordPodsProvisionable(_ context.Context, c string, ok bool, reason, message string) error {
-	if c != cluster {
-		return fmt.Errorf("cluster %q", c)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.pods = append(s.pods, bootCall{ok, reason, message})
-	return nil
+	return s.record(c, &s.pods, bootCall{ok, reason, message})
 }
 
 func (s *recStatus) RecordWarmStart(_ context.Context, c string, ok bool, reason, message string) error {
-	if c != cluster {
-		return fmt.Errorf("cluster %q", c)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.warm = append(s.warm, bootCall{ok, reason, message})
-	return nil
+	return s.record(c, &s.warm, bootCall{ok, reason, message})
 }
 
 func (s *recStatus) getWarm() []bootCall {
