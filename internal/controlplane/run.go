@@ -66,7 +66,9 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 	log.Info("apiserver ready", "url", c.URL(), "elapsed", time.Since(start).Round(time.Millisecond))
 	// Before the controller-manager starts changing what the seed is made of.
 	seed.ready(ctx)
-	go recordPolicyBuild(ctx, c, log)
+	if !policyCurrent(c.Dir) {
+		go recordPolicyBuild(ctx, c, log)
+	}
 	if c.Tenant {
 		if err := bootstrapTenant(ctx, c); err != nil {
 			return fmt.Errorf("bootstrapping %s for node joins: %w", c.Name, err)

@@ -146,15 +146,33 @@ func EncodePool(w io.Writer, p Pool) error {
 // DecodePool reads the disk image of an unclaimed warm-pool VM (EncodePool); anything
 // else is an error.
 func DecodePool(r io.Reader) (Pool, error) {
-	b, err := io.ReadAll(io.LimitReader(r, MaxSize))
+	b, err := readDisk(r)
 	if err != nil {
-		return Pool{}, fmt.Errorf("reading identity disk: %w", err)
+		return Pool{}, err
 	}
-	var doc poolDoc
-	if err := json.Unmarshal(bytes.TrimRight(b, "\x00"), &doc); err != nil || !doc.Pool {
+	p, ok := poolOf(b)
+	if !ok {
 		return Pool{}, errors.New("identity disk holds no warm-pool document")
 	}
-	return Pool{Prewarm: doc.Prewarm}, nil
+	return p, nil
+}
+
+// readDisk reads a disk image without its zero padding.
+func readDisk(r io.Reader) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, MaxSize))
+	if err != nil {
+		return nil, fmt.Errorf("reading identity disk: %w", err)
+	}
+	return bytes.TrimRight(b, "\x00"), nil
+}
+
+// poolOf reports whether b is a pool document, and what it says.
+func poolOf(b []byte) (Pool, bool) {
+	var doc poolDoc
+	if json.Unmarshal(b, &doc) != nil || !doc.Pool {
+		return Pool{}, false
+	}
+	return Pool{Prewarm: doc.Prewarm}, true
 }
 
 // EncodeSized writes the disk image of id padded with zeros to exactly size bytes (a
@@ -178,13 +196,11 @@ func EncodeSized(w io.Writer, id Identity, size int) error {
 // pool VM (EncodePool) gives ErrUnclaimed.
 func Decode(r io.Reader) (Identity, error) {
 	var id Identity
-	b, err := io.ReadAll(io.LimitReader(r, MaxSize))
+	b, err := readDisk(r)
 	if err != nil {
-		return id, fmt.Errorf("reading identity disk: %w", err)
+		return id, err
 	}
-	b = bytes.TrimRight(b, "\x00")
-	var pool poolDoc
-	if json.Unmarshal(b, &pool) == nil && pool.Pool {
+	if _, ok := poolOf(b); ok {
 		return id, ErrUnclaimed
 	}
 	if err := json.Unmarshal(b, &id); err != nil {
