@@ -127,7 +127,9 @@ type ClusterStatus struct {
 	// Port is the leased apiserver port; it stays the same for the cluster's life.
 	Port int32 `json:"port,omitempty"`
 	// Gateway is the host's address on the cluster's node network; the
-	// apiserver's serving certificate is valid for it.
+	// apiserver's serving certificate is valid for it. It and the CIDRs are
+	// empty while Asleep: the node network is given back at sleep, and a wake
+	// may lease another.
 	Gateway     string `json:"gateway,omitempty"`
 	NodeCIDR    string `json:"nodeCIDR,omitempty"`
 	PodCIDR     string `json:"podCIDR,omitempty"`

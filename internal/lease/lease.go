@@ -15,11 +15,18 @@ import (
 // ErrExhausted is wrapped by Acquire when a range has no free slot.
 var ErrExhausted = errors.New("lease range exhausted")
 
-// Lease is what one cluster holds for its whole life.
+// Lease is what one cluster holds. The port is held for the cluster's whole
+// life (clients and the front door know it); the node network only while the
+// cluster can have nodes: a sleeping cluster gives it back, so a host can
+// register many more tenants than it has node networks.
 type Lease struct {
-	Port    int `json:"port"`
+	Port int `json:"port"`
+	// Network is the node-network index; 0 while the cluster holds none.
 	Network int `json:"network"`
 }
+
+// HasNetwork reports whether the lease holds a node network.
+func (l Lease) HasNetwork() bool { return l.Network != 0 }
 
 // Range is an inclusive range of integers.
 type Range struct{ Lo, Hi int }
@@ -50,23 +57,23 @@ func (r Range) Size() int { return r.Hi - r.Lo + 1 }
 type Table map[string]Lease
 
 // Acquire returns the cluster's lease, allocating the lowest free port and
-// network if it has none. usable lets the caller skip a port something else
-// on the host already listens on; nil means every port is usable. The table
-// is changed only on success.
+// network it lacks: both for a new cluster, the network alone for one that
+// released it (ReleaseNetwork). usable lets the caller skip a port something
+// else on the host already listens on; nil means every port is usable. The
+// table is changed only on success.
 func (t Table) Acquire(cluster string, ports, networks Range, usable func(port int) bool) (Lease, error) {
-	if l, ok := t[cluster]; ok {
-		return l, nil
+	cur, ok := t[cluster]
+	if ok && cur.HasNetwork() {
+		return cur, nil
 	}
-	usedPorts, usedNets := map[int]bool{}, map[int]bool{}
+	usedPorts, usedNets := map[int]bool{}, t.Networks()
 	for _, l := range t {
 		usedPorts[l.Port] = true
-		usedNets[l.Network] = true
 	}
-	port := 0
-	for p := ports.Lo; p <= ports.Hi; p++ {
+	port := cur.Port
+	for p := ports.Lo; p <= ports.Hi && port == 0; p++ {
 		if !usedPorts[p] && (usable == nil || usable(p)) {
 			port = p
-			break
 		}
 	}
 	if port == 0 {
@@ -81,11 +88,32 @@ func (t Table) Acquire(cluster string, ports, networks Range, usable func(port i
 		}
 	}
 	if network == 0 {
-		return Lease{}, fmt.Errorf("%w: no free node network in %s; delete a cluster", ErrExhausted, networks)
+		return Lease{}, fmt.Errorf("%w: no free node network in %s (%d held by clusters that are awake or have nodes); delete a cluster or let one sleep",
+			ErrExhausted, networks, len(usedNets))
 	}
 	l := Lease{Port: port, Network: network}
 	t[cluster] = l
 	return l, nil
+}
+
+// ReleaseNetwork gives back a cluster's node network and keeps its port.
+// Releasing what is not held is not an error.
+func (t Table) ReleaseNetwork(cluster string) {
+	if l, ok := t[cluster]; ok {
+		l.Network = 0
+		t[cluster] = l
+	}
+}
+
+// Networks reports which node-network indexes are held.
+func (t Table) Networks() map[int]bool {
+	held := map[int]bool{}
+	for _, l := range t {
+		if l.HasNetwork() {
+			held[l.Network] = true
+		}
+	}
+	return held
 }
 
 // Release drops a cluster's lease; releasing twice is not an error.

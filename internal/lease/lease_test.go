@@ -2,6 +2,7 @@ package lease
 
 import (
 	"errors"
+	"maps"
 	"strings"
 	"testing"
 )
@@ -23,11 +24,14 @@ func TestAcquire(t *testing.T) {
 		{"a port busy on the host is skipped", Table{}, "a", map[int]bool{6500: true}, Lease{6501, 1}, "", false},
 		{"a released hole is reused", Table{"a": {6500, 1}, "c": {6502, 3}}, "b", nil, Lease{6501, 2}, "", false},
 		{"exhausted ports say what to do", Table{"a": {6500, 1}, "b": {6501, 2}, "c": {6502, 3}}, "d", nil, Lease{}, "widen --port-range", true},
+		{"a cluster that gave its network back keeps its port", Table{"a": {6500, 1}, "b": {6502, 0}}, "b", nil, Lease{6502, 2}, "", false},
+		{"a released network is taken by the next cluster", Table{"a": {6500, 0}}, "b", nil, Lease{6501, 1}, "", false},
+		{"no free network says what to do", Table{"a": {6500, 1}, "b": {6501, 2}, "c": {6502, 3}, "d": {6503, 0}}, "d", nil, Lease{}, "let one sleep", true},
 		{"busy host ports can exhaust too", Table{}, "a", map[int]bool{6500: true, 6501: true, 6502: true}, Lease{}, "no free apiserver port in 6500-6502", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			before := len(tt.table)
+			before := maps.Clone(tt.table)
 			got, err := tt.table.Acquire(tt.cluster, ports, nets, func(p int) bool { return !tt.busy[p] })
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
@@ -36,7 +40,7 @@ func TestAcquire(t *testing.T) {
 				if errors.Is(err, ErrExhausted) != tt.exhausted {
 					t.Errorf("errors.Is(err, ErrExhausted) = %v", !tt.exhausted)
 				}
-				if len(tt.table) != before {
+				if !maps.Equal(tt.table, before) {
 					t.Errorf("a failed Acquire changed the table")
 				}
 				return
@@ -67,6 +71,34 @@ func TestReleaseFreesTheSlot(t *testing.T) {
 	tab.Release("a")
 	if l, err := tab.Acquire("b", r, r, nil); err != nil || l.Port != 7000 {
 		t.Fatalf("after release: %+v %v", l, err)
+	}
+}
+
+func TestReleaseNetworkKeepsThePort(t *testing.T) {
+	ports, nets := Range{7000, 7001}, Range{1, 1}
+	tab := Table{}
+	a, err := tab.Acquire("a", ports, nets, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tab.Acquire("b", ports, nets, nil); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("a second network from a one-network range: %v", err)
+	}
+	tab.ReleaseNetwork("a")
+	tab.ReleaseNetwork("a")
+	tab.ReleaseNetwork("nobody")
+	if got := tab["a"]; got.Port != a.Port || got.HasNetwork() {
+		t.Fatalf("after ReleaseNetwork a holds %+v, want port %d and no network", got, a.Port)
+	}
+	b, err := tab.Acquire("b", ports, nets, nil)
+	if err != nil || b.Network != a.Network || b.Port == a.Port {
+		t.Fatalf("b got %+v %v, want a's network %d and another port", b, err, a.Network)
+	}
+	if _, err := tab.Acquire("a", ports, nets, nil); !errors.Is(err, ErrExhausted) || tab["a"].HasNetwork() {
+		t.Fatalf("a took a network b holds: %+v %v", tab["a"], err)
+	}
+	if len(tab.Networks()) != 1 {
+		t.Fatalf("held networks %v, want only b's", tab.Networks())
 	}
 }
 

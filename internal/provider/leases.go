@@ -71,7 +71,8 @@ func (s leaseStore) Get(ctx context.Context, cluster string) (*lease.Lease, erro
 	return nil, nil
 }
 
-// Acquire returns the cluster's lease, allocating one if needed.
+// Acquire returns the cluster's lease, allocating what it lacks (a new
+// cluster's port and network, a woken cluster's network).
 func (s leaseStore) Acquire(ctx context.Context, cluster string) (lease.Lease, error) {
 	var got lease.Lease
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -79,7 +80,7 @@ func (s leaseStore) Acquire(ctx context.Context, cluster string) (lease.Lease, e
 		if err != nil {
 			return err
 		}
-		if l, ok := t[cluster]; ok {
+		if l, ok := t[cluster]; ok && l.HasNetwork() {
 			got = l
 			return nil
 		}
@@ -103,6 +104,21 @@ func (s leaseStore) Release(ctx context.Context, cluster string) error {
 			return nil
 		}
 		t.Release(cluster)
+		return s.save(ctx, cm, t)
+	})
+}
+
+// ReleaseNetwork gives back a cluster's node network; its port stays leased.
+func (s leaseStore) ReleaseNetwork(ctx context.Context, cluster string) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cm, t, err := s.load(ctx)
+		if err != nil {
+			return err
+		}
+		if l, ok := t[cluster]; !ok || !l.HasNetwork() {
+			return nil
+		}
+		t.ReleaseNetwork(cluster)
 		return s.save(ctx, cm, t)
 	})
 }

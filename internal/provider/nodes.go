@@ -17,8 +17,8 @@ func (p *Provider) Plan(cluster string) (nodenet.Plan, error) {
 	if err != nil {
 		return nodenet.Plan{}, err
 	}
-	if l == nil {
-		return nodenet.Plan{}, fmt.Errorf("cluster %s has no network lease", cluster)
+	if l == nil || !l.HasNetwork() {
+		return nodenet.Plan{}, fmt.Errorf("cluster %s holds no node network (it is asleep or not yet leased)", cluster)
 	}
 	return nodenet.ForIndex(l.Network)
 }

@@ -22,9 +22,9 @@ const (
 	OpProvision    Op = "Provision" // datastore, PKI, config, admin kubeconfig
 	OpStart        Op = "Start"
 	OpStop         Op = "Stop"
-	// OpSleep stops the node services and the control-plane process, keeping data,
-	// lease and port, and makes the daemon accept on the port so the first
-	// connection wakes the cluster.
+	// OpSleep stops the node services and the control-plane process, keeping data
+	// and port, gives back the node network, and makes the daemon accept on the
+	// port so the first connection wakes the cluster.
 	OpSleep           Op = "Sleep"
 	OpRemoveData      Op = "RemoveData"
 	OpReleaseLease    Op = "ReleaseLease"
@@ -37,7 +37,7 @@ type Observed struct {
 	HasFinalizer bool
 	Lease        *lease.Lease
 	LeaseErr     error // the last Lease op failed
-	Provisioned  bool  // config and PKI are on disk for the current lease
+	Provisioned  bool  // config and PKI are on disk for the current lease (its port, and its network when it holds one)
 	ProvisionErr error // the last Provision op failed
 	DataPresent  bool  // anything on disk or in the datastore to remove
 	Process      ProcessState
@@ -94,10 +94,18 @@ func Decide(o Observed) Plan {
 		p.Ops = append(p.Ops, OpAddFinalizer)
 	}
 	switch {
-	case o.Lease != nil:
+	case o.Lease != nil && o.Lease.HasNetwork():
 		p.cond(v1.ConditionLeased, true, "Leased", fmt.Sprintf("apiserver port %d, node network %d", o.Lease.Port, o.Lease.Network), o.Now)
+	case o.Lease != nil && o.Asleep:
+		// A sleeping cluster has no node, so it needs no node network: it is
+		// given back at sleep and leased again at the wake.
+		p.cond(v1.ConditionLeased, true, "Leased", fmt.Sprintf("apiserver port %d; the node network is leased again at the wake", o.Lease.Port), o.Now)
 	case o.LeaseErr != nil:
 		p.cond(v1.ConditionLeased, false, "LeaseFailed", o.LeaseErr.Error(), o.Now)
+		return p
+	case o.Lease != nil:
+		p.cond(v1.ConditionLeased, false, "Pending", fmt.Sprintf("apiserver port %d; waiting for a node network", o.Lease.Port), o.Now)
+		p.Ops = append(p.Ops, OpLease)
 		return p
 	default:
 		p.cond(v1.ConditionLeased, false, "Pending", "waiting for a port and network lease", o.Now)

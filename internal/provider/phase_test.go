@@ -9,12 +9,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/controlplane"
 	"github.com/socialweb-computer/socialweb/internal/lease"
 )
 
 func TestDecide(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	l := &lease.Lease{Port: 7500, Network: 1}
+	portOnly := &lease.Lease{Port: 7500} // asleep: the node network given back
 	running := ProcessState{Supervised: true, Running: true, PID: 42}
 	exited := ProcessState{Supervised: true, Running: false, LastExit: "exited: signal: killed", Restarts: 1}
 	tests := []struct {
@@ -90,6 +92,31 @@ func TestDecide(t *testing.T) {
 			wantPhase: v1.PhaseAsleep,
 			wantOps:   []Op{OpSleep},
 			wantCond:  map[string]string{v1.ConditionWake: "WakeFailed", v1.ConditionRunning: "Asleep"},
+		},
+		{
+			name:      "asleep without a node network: leased, nothing to do",
+			obs:       Observed{Now: now, HasFinalizer: true, Lease: portOnly, Provisioned: true, Asleep: true, Gated: true},
+			wantPhase: v1.PhaseAsleep,
+			wantCond:  map[string]string{v1.ConditionLeased: "Leased", v1.ConditionRunning: "Asleep"},
+		},
+		{
+			name:      "woken without a node network: one is leased before anything starts",
+			obs:       Observed{Now: now, HasFinalizer: true, Lease: portOnly, Provisioned: true, Gated: true},
+			wantPhase: v1.PhaseInitializing,
+			wantOps:   []Op{OpLease},
+			wantCond:  map[string]string{v1.ConditionLeased: "Pending"},
+		},
+		{
+			name:      "a wake that found no free node network sleeps on",
+			obs:       Observed{Now: now, HasFinalizer: true, Lease: portOnly, Provisioned: true, Asleep: true, Gated: true, LeaseErr: errors.New("lease range exhausted: no free node network"), WakeErr: "no node network is free for the wake"},
+			wantPhase: v1.PhaseAsleep,
+			wantCond:  map[string]string{v1.ConditionLeased: "Leased", v1.ConditionWake: "WakeFailed", v1.ConditionReady: "Asleep"},
+		},
+		{
+			name:      "a sleeping cluster without a network is deleted: no network to remove, the port released",
+			obs:       Observed{Now: now, Deleting: true, HasFinalizer: true, Lease: portOnly, Provisioned: true, DataPresent: true, Asleep: true, Gated: true},
+			wantPhase: v1.PhaseDraining,
+			wantOps:   []Op{OpRemoveData, OpReleaseLease, OpRemoveFinalizer},
 		},
 		{
 			name:      "a sleeping cluster is deleted: no process to stop",
@@ -181,4 +208,29 @@ func findCondition(cs []metav1.Condition, typ string) *metav1.Condition {
 		}
 	}
 	return nil
+}
+
+// A config on disk is current for a lease when it has the lease's port and,
+// when the lease holds a node network, that network's gateway: a woken
+// cluster may get another network than it slept with.
+func TestProvisionedFor(t *testing.T) {
+	cfg := controlplane.Config{Port: 7500, AdvertiseAddress: "10.250.3.1"}
+	tests := []struct {
+		name  string
+		lease lease.Lease
+		want  bool
+	}{
+		{"same port and network", lease.Lease{Port: 7500, Network: 3}, true},
+		{"asleep: the port is enough", lease.Lease{Port: 7500}, true},
+		{"woken on another network", lease.Lease{Port: 7500, Network: 4}, false},
+		{"another port", lease.Lease{Port: 7501, Network: 3}, false},
+		{"a network outside the plan", lease.Lease{Port: 7500, Network: 999}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := provisionedFor(cfg, tt.lease); got != tt.want {
+				t.Errorf("provisionedFor(%+v) = %v, want %v", tt.lease, got, tt.want)
+			}
+		})
+	}
 }

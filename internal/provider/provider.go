@@ -290,8 +290,8 @@ func (p *Provider) observe(ctx context.Context, c *v1.Cluster) (Observed, error)
 		o.DataPresent = true
 	}
 	if l != nil {
-		if cfg, err := controlplane.ReadConfig(filepath.Join(dir, controlplane.ConfigFile)); err == nil && cfg.Port == l.Port {
-			o.Provisioned = true
+		if cfg, err := controlplane.ReadConfig(filepath.Join(dir, controlplane.ConfigFile)); err == nil {
+			o.Provisioned = provisionedFor(cfg, *l)
 		}
 	}
 	if o.Provisioned || o.Deleting {
@@ -339,6 +339,11 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 				return c, lerr
 			}
 			p.fail(c.Name, OpLease, lerr)
+			if lerr != nil && obs.Lease != nil {
+				// A wake with every node network held: the waiting client gets
+				// a 503 saying so, and the cluster sleeps on.
+				p.failWake(c.Name, "no node network is free for the wake: "+lerr.Error())
+			}
 		case OpProvision:
 			perr := p.provision(ctx, c, *obs.Lease)
 			p.fail(c.Name, OpProvision, perr)
@@ -480,6 +485,9 @@ func (p *Provider) removeFinalizer(ctx context.Context, c *v1.Cluster) error {
 
 // controlPlaneConfig derives a tenant's control-plane config from its lease.
 func (p *Provider) controlPlaneConfig(c *v1.Cluster, l lease.Lease, endpoint string) (controlplane.Config, error) {
+	if !l.HasNetwork() {
+		return controlplane.Config{}, fmt.Errorf("cluster %s holds no node network (asleep); it is provisioned again at the wake", c.Name)
+	}
 	net, err := nodenet.ForIndex(l.Network)
 	if err != nil {
 		return controlplane.Config{}, err
@@ -502,6 +510,21 @@ func (p *Provider) controlPlaneConfig(c *v1.Cluster, l lease.Lease, endpoint str
 		Tenant:           true,
 		SeedDir:          controlplane.SeedDirIn(p.cfg.StateDir),
 	}, nil
+}
+
+// provisionedFor reports whether a config on disk was written for the lease:
+// its port, and the gateway of its node network when it holds one (a woken
+// cluster may get another network than it had, and its config, serving
+// certificate and cluster-info must name the new gateway).
+func provisionedFor(cfg controlplane.Config, l lease.Lease) bool {
+	if cfg.Port != l.Port {
+		return false
+	}
+	if !l.HasNetwork() {
+		return true
+	}
+	plan, err := nodenet.ForIndex(l.Network)
+	return err == nil && cfg.AdvertiseAddress == plan.Gateway.String()
 }
 
 func (p *Provider) provision(ctx context.Context, c *v1.Cluster, l lease.Lease) error {
@@ -632,10 +655,7 @@ func (p *Provider) removeOrphanNetworks(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	held := map[int]bool{}
-	for _, l := range table {
-		held[l.Network] = true
-	}
+	held := table.Networks()
 	for _, i := range owned.Indexes() {
 		if i < p.cfg.Networks.Lo || i > p.cfg.Networks.Hi || held[i] {
 			continue
@@ -663,17 +683,26 @@ func (p *Provider) ensureNetwork(ctx context.Context, cluster string, l lease.Le
 	return p.cfg.NodeNetworks.Ensure(ctx, cluster, plan)
 }
 
-func (p *Provider) removeData(ctx context.Context, c *v1.Cluster) error {
-	if l, err := p.leases.Get(ctx, c.Name); err != nil {
+// removeNetwork deletes the cluster's node network (bridge, addresses, rules),
+// if its lease holds one.
+func (p *Provider) removeNetwork(ctx context.Context, cluster string, l *lease.Lease) error {
+	if l == nil || !l.HasNetwork() || p.cfg.NodeNetworks == nil {
+		return nil
+	}
+	plan, err := nodenet.ForIndex(l.Network)
+	if err != nil {
 		return err
-	} else if l != nil && p.cfg.NodeNetworks != nil {
-		plan, err := nodenet.ForIndex(l.Network)
-		if err != nil {
-			return err
-		}
-		if err := p.cfg.NodeNetworks.Remove(ctx, c.Name, plan); err != nil {
-			return err
-		}
+	}
+	return p.cfg.NodeNetworks.Remove(ctx, cluster, plan)
+}
+
+func (p *Provider) removeData(ctx context.Context, c *v1.Cluster) error {
+	l, err := p.leases.Get(ctx, c.Name)
+	if err != nil {
+		return err
+	}
+	if err := p.removeNetwork(ctx, c.Name, l); err != nil {
+		return err
 	}
 	dir := ClusterDir(p.cfg.StateDir, c.Name)
 	if err := p.store.Remove(ctx, c.Name, dir); err != nil {
@@ -682,7 +711,7 @@ func (p *Provider) removeData(ctx context.Context, c *v1.Cluster) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
-	err := p.kube.CoreV1().Secrets(v1.SystemNamespace).Delete(ctx, AdminSecretName(c.Name), metav1.DeleteOptions{})
+	err = p.kube.CoreV1().Secrets(v1.SystemNamespace).Delete(ctx, AdminSecretName(c.Name), metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
@@ -698,10 +727,11 @@ func (p *Provider) writeStatus(ctx context.Context, c *v1.Cluster, obs Observed,
 	want.ObservedGeneration = c.Generation
 	want.Restarts = int32(obs.Process.Restarts)
 	if obs.Lease != nil {
-		net, err := nodenet.ForIndex(obs.Lease.Network)
-		if err == nil {
-			want.Port = int32(obs.Lease.Port)
-			want.URL = fmt.Sprintf("https://127.0.0.1:%d", obs.Lease.Port)
+		want.Port = int32(obs.Lease.Port)
+		want.URL = fmt.Sprintf("https://127.0.0.1:%d", obs.Lease.Port)
+		// A cluster without a node network (asleep) shows none.
+		want.Gateway, want.NodeCIDR, want.PodCIDR, want.ServiceCIDR = "", "", "", ""
+		if net, err := nodenet.ForIndex(obs.Lease.Network); err == nil && obs.Lease.HasNetwork() {
 			want.Gateway = net.Gateway.String()
 			want.NodeCIDR = net.NodeCIDR.String()
 			want.PodCIDR = net.PodCIDR.String()

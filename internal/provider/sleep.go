@@ -111,8 +111,8 @@ func (p *Provider) gateFor(c *v1.Cluster, l lease.Lease) (*sleep.Gate, error) {
 	return s.gate, nil
 }
 
-// goToSleep is OpSleep: the node services and the process stop, the port is
-// gated. Data, lease and port stay.
+// goToSleep is OpSleep: the node services and the process stop, the node
+// network is removed and given back, the port is gated. Data and port stay.
 func (p *Provider) goToSleep(ctx context.Context, c *v1.Cluster, l lease.Lease) error {
 	if err := p.stopNodeServices(ctx, c.Name); err != nil {
 		return err
@@ -120,6 +120,17 @@ func (p *Provider) goToSleep(ctx context.Context, c *v1.Cluster, l lease.Lease) 
 	p.sup.Stop(ProcessName(c.Name), 10*time.Second)
 	p.forgetProbe(c.Name)
 	p.forgetTenantClient(c.Name)
+	// Nothing in a sleeping cluster names the network: it has no node and no
+	// Pod with an address, and the wake writes the new gateway into its config,
+	// certificate and cluster-info. The bridge goes first, so a crash between
+	// the two leaves a lease that the next pass releases, never a bridge that
+	// no lease holds.
+	if err := p.removeNetwork(ctx, c.Name, &l); err != nil {
+		return fmt.Errorf("removing the node network: %w", err)
+	}
+	if err := p.leases.ReleaseNetwork(ctx, c.Name); err != nil {
+		return fmt.Errorf("giving back the node network: %w", err)
+	}
 	// Usually held since the start; bound only now for a cluster started before
 	// it could sleep (its apiserver held the port itself until it stopped).
 	g, err := p.gateFor(c, l)
@@ -148,6 +159,7 @@ func (p *Provider) wake(name, cause string) {
 		s.gate.Stop()
 	}
 	p.sleepMu.Unlock()
+	p.fail(name, OpLease, nil) // a wake that found no free node network tries again
 	p.log.Info("waking cluster", "cluster", name, "cause", cause)
 	p.queue.Add(name)
 }

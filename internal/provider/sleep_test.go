@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/lease"
+	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/sleep"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
 )
@@ -55,15 +57,30 @@ func TestObserveSleep(t *testing.T) {
 	}
 }
 
-// A cluster going to sleep keeps its port (the gate accepts on it) and drops
-// the daemon's client of it; the gate answers a failed wake with the
-// cluster's serving certificate.
+// recordingNetworks records the node networks made and removed.
+type recordingNetworks struct{ ensured, removed []int }
+
+func (r *recordingNetworks) Ensure(_ context.Context, _ string, plan nodenet.Plan) error {
+	r.ensured = append(r.ensured, plan.Index)
+	return nil
+}
+
+func (r *recordingNetworks) Remove(_ context.Context, _ string, plan nodenet.Plan) error {
+	r.removed = append(r.removed, plan.Index)
+	return nil
+}
+
+// A cluster going to sleep keeps its port (the gate accepts on it), removes
+// and gives back its node network, and drops the daemon's client of it.
 func TestGoToSleepKeepsOnlyThePort(t *testing.T) {
 	dir := t.TempDir()
+	kube := fake.NewClientset()
+	nets := &recordingNetworks{}
 	p := &Provider{
-		cfg:          Config{StateDir: dir, Defaults: Defaults{SleepAfter: time.Minute}},
+		cfg:          Config{StateDir: dir, Defaults: Defaults{SleepAfter: time.Minute}, NodeNetworks: nets},
 		log:          slog.New(slog.DiscardHandler),
 		sup:          supervisor.New(slog.New(slog.DiscardHandler), supervisor.DefaultBackoff(), nil),
+		leases:       leaseStore{kube: kube, ports: lease.Range{Lo: 1024, Hi: 65535}, networks: lease.Range{Lo: 1, Hi: 190}},
 		probes:       map[string]*probe{},
 		sleepers:     map[string]*sleeper{},
 		sleepMetrics: sleep.NewMetrics(),
@@ -75,9 +92,18 @@ func TestGoToSleepKeepsOnlyThePort(t *testing.T) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
+	ctx := context.Background()
+	cm, table, err := p.leases.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table["ci"], table["other"] = lease.Lease{Port: port, Network: 5}, lease.Lease{Port: port + 1, Network: 6}
+	if err := p.leases.save(ctx, cm, table); err != nil {
+		t.Fatal(err)
+	}
 	p.sleepers["ci"] = &sleeper{known: true, tenant: fake.NewClientset()}
 	p.probes["ci"] = &probe{}
-	if err := p.goToSleep(context.Background(), c, lease.Lease{Port: port}); err != nil {
+	if err := p.goToSleep(ctx, c, table["ci"]); err != nil {
 		t.Fatal(err)
 	}
 	defer p.forgetSleeper("ci")
@@ -91,5 +117,27 @@ func TestGoToSleepKeepsOnlyThePort(t *testing.T) {
 	if l, err := net.Listen("tcp", s.gate.Addr()); err == nil {
 		l.Close()
 		t.Errorf("the port %s is free while the cluster sleeps", s.gate.Addr())
+	}
+	if !slices.Equal(nets.removed, []int{5}) || len(nets.ensured) != 0 {
+		t.Errorf("networks removed %v, made %v; want network 5 removed and none made", nets.removed, nets.ensured)
+	}
+	got, err := p.leases.Get(ctx, "ci")
+	if err != nil || got == nil || got.Port != port || got.HasNetwork() {
+		t.Errorf("asleep, the lease is %+v (%v); want port %d and no network", got, err, port)
+	}
+	if other, _ := p.leases.Get(ctx, "other"); other == nil || other.Network != 6 {
+		t.Errorf("another cluster's lease changed: %+v", other)
+	}
+	// Asleep again (a daemon restart): nothing more is removed.
+	if err := p.goToSleep(ctx, c, *got); err != nil {
+		t.Fatal(err)
+	}
+	if len(nets.removed) != 1 {
+		t.Errorf("a second sleep removed networks %v", nets.removed)
+	}
+	// The wake leases a network again, the lowest free one.
+	woke, err := p.leases.Acquire(ctx, "ci")
+	if err != nil || woke.Port != port || woke.Network != 1 {
+		t.Errorf("the wake leased %+v (%v), want port %d and network 1", woke, err, port)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
+	"github.com/socialweb-computer/socialweb/internal/nodenet"
 )
 
 // TestSleepAndWake: a cluster with --sleep-after 30s and no nodes goes to
@@ -247,4 +249,74 @@ func TestSleepWakeBootsANode(t *testing.T) {
 	})
 	asleep("after the job", 4*time.Minute)
 	t.Logf("back to zero nodes and asleep %s after the Pod succeeded", time.Since(t1).Round(time.Second))
+}
+
+// TestSleepingClustersGiveBackTheirNetwork: a sleeping cluster holds its port
+// but not its node network, so a host registers more clusters than it has node
+// networks. With two networks: "a" sleeps and gives its network back (no
+// bridge, no gateway in its status); "c" is created on it; with every network
+// held, a wake of "a" is answered with a 503 saying so; once "b" is deleted,
+// "a" wakes on the other network, and its serving certificate and cluster-info
+// name the new gateway.
+func TestSleepingClustersGiveBackTheirNetwork(t *testing.T) {
+	const lo, hi = 151, 152 // outside the range other tests' daemons use
+	d := newDaemon(t, 3, "--network-range", fmt.Sprintf("%d-%d", lo, hi))
+	d.start()
+	d.mustCLI("cluster", "create", "a", "--sleep-after", "30s", "--wait")
+	d.mustCLI("cluster", "create", "b", "--wait")
+	gateway := func(i int) string { return fmt.Sprintf("10.250.%d.1", i) }
+	if got := d.cluster("a").Status.Gateway; got != gateway(lo) {
+		t.Fatalf("a's gateway is %q, want %s", got, gateway(lo))
+	}
+	bridgeUp := func(i int) bool { return exec.Command("ip", "link", "show", nodenet.BridgeName(i)).Run() == nil }
+
+	c := d.waitPhase("a", v1.PhaseAsleep, 3*time.Minute)
+	if c.Status.Gateway != "" || c.Status.PodCIDR != "" || c.Status.Port == 0 {
+		t.Errorf("asleep, a's status shows gateway %q, pod CIDR %q, port %d; want no network and its port", c.Status.Gateway, c.Status.PodCIDR, c.Status.Port)
+	}
+	livetest.Eventually(t, 15*time.Second, 200*time.Millisecond, "a's bridge removed once it sleeps", func() bool { return !bridgeUp(lo) })
+	if cond := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionLeased); cond == nil || cond.Status != metav1.ConditionTrue {
+		t.Errorf("asleep, a's Leased condition is %+v; want True (its port)", cond)
+	}
+
+	// Before, a sleeping cluster kept its network and this create failed.
+	d.mustCLI("cluster", "create", "c", "--wait")
+	if got := d.cluster("c").Status.Gateway; got != gateway(lo) {
+		t.Fatalf("c's gateway is %q, want a's old %s", got, gateway(lo))
+	}
+
+	own, k := d.tenant("a")
+	failed := time.Now()
+	_, err := k.CoreV1().Pods("").List(ctxT(t, time.Minute), metav1.ListOptions{})
+	if !apierrors.IsServiceUnavailable(err) || !strings.Contains(err.Error(), "no node network is free") {
+		t.Fatalf("waking a with every node network held: %v; want a 503 saying no node network is free", err)
+	}
+	t.Logf("a wake with every network held was answered in %s: %v", time.Since(failed).Round(time.Millisecond), err)
+	livetest.Eventually(t, 30*time.Second, 250*time.Millisecond, "a asleep with Wake False (WakeFailed)", func() bool {
+		c := d.cluster("a")
+		w := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionWake)
+		return c.Status.Phase == v1.PhaseAsleep && w != nil && w.Reason == "WakeFailed"
+	})
+
+	d.mustCLI("cluster", "delete", "b", "--wait")
+	time.Sleep(time.Until(failed.Add(35 * time.Second))) // the failed wake's hold (30 s) is over
+	start := time.Now()
+	if _, err := k.CoreV1().Pods("").List(ctxT(t, time.Minute), metav1.ListOptions{}); err != nil {
+		t.Fatalf("waking a once b's network is free: %v", err)
+	}
+	t.Logf("a woke on another network and answered in %s", time.Since(start).Round(time.Millisecond))
+	c = d.waitPhase("a", v1.PhaseReady, time.Minute)
+	if c.Status.Gateway != gateway(hi) || !bridgeUp(hi) {
+		t.Fatalf("a woke with gateway %q (bridge up: %v), want %s", c.Status.Gateway, bridgeUp(hi), gateway(hi))
+	}
+	// Nodes reach the apiserver at the new gateway: its certificate must name it.
+	viaGateway := rest.CopyConfig(own)
+	viaGateway.Host = fmt.Sprintf("https://%s:%d", gateway(hi), c.Status.Port)
+	if _, err := kubernetes.NewForConfigOrDie(viaGateway).CoreV1().Namespaces().List(ctxT(t, time.Minute), metav1.ListOptions{}); err != nil {
+		t.Fatalf("a's apiserver at its new gateway: %v", err)
+	}
+	info, err := k.CoreV1().ConfigMaps("kube-public").Get(ctxT(t, time.Minute), "cluster-info", metav1.GetOptions{})
+	if err != nil || !strings.Contains(info.Data["kubeconfig"], viaGateway.Host) {
+		t.Fatalf("cluster-info after the wake (%v) does not name %s:\n%s", err, viaGateway.Host, info.Data["kubeconfig"])
+	}
 }
