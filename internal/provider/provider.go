@@ -148,6 +148,9 @@ func New(cfg Config, log *slog.Logger, dyn dynamic.Interface, kube kubernetes.In
 	}
 }
 
+// reconcileWorkers is how many clusters are reconciled at once.
+const reconcileWorkers = 4
+
 // ProcessName is the supervisor's name for a cluster's control plane.
 func ProcessName(cluster string) string { return "cluster/" + cluster }
 
@@ -182,8 +185,17 @@ func (p *Provider) Run(ctx context.Context) error {
 		<-ctx.Done()
 		p.queue.ShutDown()
 	}()
-	for p.processNext(ctx) {
+	// The queue hands a cluster to one worker at a time; several workers keep a
+	// wake from waiting behind other clusters' sleeps, each of which waits for
+	// its control plane to exit (seconds, up to the stop timeout).
+	var wg sync.WaitGroup
+	for range reconcileWorkers {
+		wg.Go(func() {
+			for p.processNext(ctx) {
+			}
+		})
 	}
+	wg.Wait()
 	return nil
 }
 

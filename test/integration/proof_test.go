@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -204,6 +205,7 @@ func TestFourStepProof(t *testing.T) {
 		t.Errorf("step 6: exec: %q, %v", stdout, err)
 	}
 	throughTheDoor(t, ctx, cfg, k, "default", "proof")
+	startBreakdown(t, d.logPath, node.Name)
 	t.Logf("timeline from Pod create: Provision %s, VM started %s, Node Ready %s, Pod Running %s",
 		tProvision.Round(time.Millisecond), tVM.Round(time.Millisecond), tNodeReady.Round(time.Millisecond), tRunning.Round(time.Millisecond))
 
@@ -241,6 +243,45 @@ func TestFourStepProof(t *testing.T) {
 			t.Errorf("step 8: node directory left: %s", e.Name())
 		}
 	}
+}
+
+// startBreakdown checks the daemon's start breakdown of a node (issue 12, item 4):
+// one `node start` log line, once its first Pod has run for 2 s, with every phase,
+// none negative, adding up to the total.
+func startBreakdown(t *testing.T, daemonLog, node string) {
+	t.Helper()
+	var line string
+	livetest.Eventually(t, time.Minute, time.Second, "the daemon's `node start` line for "+node, func() bool {
+		b, err := os.ReadFile(daemonLog)
+		if err != nil {
+			return false
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, `"msg":"node start"`) && strings.Contains(l, `"node":"`+node+`"`) {
+				line = l
+				return true
+			}
+		}
+		return false
+	})
+	var rec struct {
+		Seconds map[string]float64 `json:"seconds"`
+	}
+	if err := json.Unmarshal([]byte(line), &rec); err != nil {
+		t.Fatalf("the node start line is not JSON: %v\n%s", err, line)
+	}
+	sum := 0.0
+	for _, phase := range []string{"decision", "vmm", "kernel", "agent", "registered", "ready", "image", "container"} {
+		v, ok := rec.Seconds[phase]
+		if !ok || v < 0 {
+			t.Errorf("node start: phase %s is %v (present %v); want a duration >= 0\n%s", phase, v, ok, line)
+		}
+		sum += v
+	}
+	if total := rec.Seconds["total"]; total <= 0 || math.Abs(sum-total) > 0.05 {
+		t.Errorf("node start: the phases add up to %.3f s, the total is %.3f s\n%s", sum, total, line)
+	}
+	t.Logf("node start breakdown (s): %v", rec.Seconds)
 }
 
 // qemuCmdlines maps each qemu process whose command line names stateDir to its
