@@ -62,8 +62,8 @@ type Table map[string]Lease
 // else on the host already listens on; nil means every port is usable. The
 // table is changed only on success.
 func (t Table) Acquire(cluster string, ports, networks Range, usable func(port int) bool) (Lease, error) {
-	cur, ok := t[cluster]
-	if ok && cur.HasNetwork() {
+	cur := t[cluster] // the zero Lease for a new cluster
+	if cur.HasNetwork() {
 		return cur, nil
 	}
 	usedPorts, usedNets := map[int]bool{}, t.Networks()

@@ -80,13 +80,13 @@ func (s leaseStore) Acquire(ctx context.Context, cluster string) (lease.Lease, e
 		if err != nil {
 			return err
 		}
-		if l, ok := t[cluster]; ok && l.HasNetwork() {
-			got = l
-			return nil
-		}
+		before := t[cluster]
 		got, err = t.Acquire(cluster, s.ports, s.networks, portFree)
 		if err != nil {
 			return err
+		}
+		if got == before { // held already: nothing to write
+			return nil
 		}
 		return s.save(ctx, cm, t)
 	})
@@ -115,10 +115,11 @@ func (s leaseStore) ReleaseNetwork(ctx context.Context, cluster string) error {
 		if err != nil {
 			return err
 		}
-		if l, ok := t[cluster]; !ok || !l.HasNetwork() {
+		before := t[cluster]
+		t.ReleaseNetwork(cluster)
+		if t[cluster] == before {
 			return nil
 		}
-		t.ReleaseNetwork(cluster)
 		return s.save(ctx, cm, t)
 	})
 }
