@@ -4,12 +4,15 @@
 # pool VM that is ready, and has waited -warm-settle (15 s) as pool VMs in use wait longer,
 # before the Pods are created), then --warm-pool 0, each a fresh
 # daemon and a cluster at zero nodes, the other flags the same.
-#   bench/warmstart.sh [-rounds 2] [-pods 1] [-large 0] [-memory 1Gi] [-prewarm]
+#   bench/warmstart.sh [-rounds 2] [-pods 1] [-large 0 | -ci-shaped] [-memory 1Gi] [-prewarm] [-keep]
 # Issue 12's rows:
 #   busybox Pod Pending -> Running, cluster at zero nodes   bench/warmstart.sh
 #   a Pod of ~140 MB of images from the host registry       bench/warmstart.sh -large 140
-#   five such Pods on five nodes, compared with one         bench/warmstart.sh -pods 5 -memory 512Mi
-# -large MIB runs a locally built image of that size (0: busybox); -memory is the node
+#   a CI-shaped Pod (init container + 2 containers, 140 MiB) bench/warmstart.sh -ci-shaped
+#   five such Pods on five nodes, compared with one         bench/warmstart.sh -ci-shaped -pods 5 -memory 512Mi
+# -large MIB runs a locally built image of that size (0: busybox); -ci-shaped runs Pods shaped
+# like a GitLab Runner job (bench/nodeboot -ci-shaped); -keep keeps each run's daemon state
+# and log (node consoles) for a look at where a start went; -memory is the node
 # size (the pool's VMs get the same; P of them and P nodes must fit the host).
 # -prewarm adds a third run per round, warm with --warm-pool-prewarm (pool VMs that run
 # the programs of a Pod start once while they wait), between the two.
@@ -17,15 +20,16 @@
 # warm and cold, their ratio, and the claims that hit the pool (P of P when all did).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=2 pods=1 large=0 memory=1Gi prewarm=0
+rounds=2 pods=1 large=0 memory=1Gi prewarm=0 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -prewarm) prewarm=1; shift ;;
+    -ci-shaped|-keep) extra+=("$1"); shift ;;
     -rounds) rounds="$2"; shift 2 ;;
     -pods) pods="$2"; shift 2 ;;
     -large) large="$2"; shift 2 ;;
     -memory) memory="$2"; shift 2 ;;
-    *) echo "usage: $0 [-rounds N] [-pods N] [-large MIB] [-memory QUANTITY] [-prewarm]" >&2; exit 2 ;;
+    *) echo "usage: $0 [-rounds N] [-pods N] [-large MIB | -ci-shaped] [-memory QUANTITY] [-prewarm] [-keep]" >&2; exit 2 ;;
   esac
 done
 ./hack/build bin/socialweb >&2
@@ -40,7 +44,7 @@ for r in $(seq 1 "$rounds"); do
     [ "$v" = pre ] && pool="$pods" pre=true
     echo "## round $r, warm pool $pool, prewarm $pre" | tee -a "$out/all"
     bin/nodeboot -bin bin/socialweb -image "$image" -runs 1 -pods "$pods" -memory "$memory" -large "$large" -warm-pool "$pool" \
-      -warm-pool-prewarm="$pre" | tee "$out/$r-$v" | tee -a "$out/all"
+      -warm-pool-prewarm="$pre" ${extra[@]+"${extra[@]}"} | tee "$out/$r-$v" | tee -a "$out/all"
   done
 done
 # The run table (its header has "Pending ->"): column 2 is N Pending -> N Running, the

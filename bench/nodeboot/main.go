@@ -25,6 +25,11 @@
 // each row then also has the Pod's image pull time, and the run prints the bytes the
 // host sent over the cluster bridge and received on its other interfaces meanwhile.
 //
+// With -ci-shaped each Pod is shaped like a GitLab Runner job Pod: an init container and a
+// helper container of a 60 MiB image, a build container of an 80 MiB image (podShape), and
+// a Pod counts as running once all its containers run. -keep keeps the daemon's state
+// directory (node consoles with the kubelet's and containerd's logs) and its log.
+//
 // With -shared-layers=false the daemon gives nodes no shared layer store: every layer is
 // pulled and unpacked in the guest (the cold path bench/sharedlayers.sh compares with).
 //
@@ -37,7 +42,7 @@
 // 0 and agent up the guest time from reading its identity to its boot steps done, as the
 // daemon's breakdown counts it. The pool refills while a run goes on, as it would in use.
 //
-//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi] [-large 1024] [-timeout 20m] [-tcg-cache-mib 128] [-shared-layers=false] [-warm-pool 5 [-warm-pool-prewarm=false]]
+//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi] [-large 1024 | -ci-shaped] [-keep] [-timeout 20m] [-tcg-cache-mib 128] [-shared-layers=false] [-warm-pool 5 [-warm-pool-prewarm=false]]
 package main
 
 import (
@@ -78,6 +83,8 @@ func main() {
 	pods := flag.Int("pods", 1, "Pods per run, each on its own node")
 	memory := flag.String("memory", "1Gi", "node memory")
 	largeMiB := flag.Int("large", 0, "run a locally built image of this many MiB (0: busybox)")
+	ciShaped := flag.Bool("ci-shaped", false, "run CI-shaped Pods instead, as a GitLab Runner's kubernetes executor makes them: an init container and a helper container of a 60 MiB image, and a build container of an 80 MiB image, both from the host registry (140 MiB; -large is ignored)")
+	keep := flag.Bool("keep", false, "keep the daemon's state directory and log (node consoles, the kubelet's log) and print where")
 	timeout := flag.Duration("timeout", 20*time.Minute, "how long a run may wait for its Pods to run")
 	tcgCache := flag.Int64("tcg-cache-mib", 0, "the daemon's --tcg-cache-mib (TCG translation cache per VM; 0: the daemon's default)")
 	shared := flag.Bool("shared-layers", true, "the daemon's and image push's --shared-layers (layers unpacked on the host and shared with nodes; false: nodes pull)")
@@ -96,17 +103,27 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer os.RemoveAll(state)
-	podImage := "busybox:stable"
-	if *largeMiB > 0 {
-		tarPath, _, err := images.Large(context.Background(), *largeMiB, images.Options{})
+	if *keep {
+		defer fmt.Fprintf(os.Stderr, "kept: state %s, daemon log %s.log\n", state, state)
+	} else {
+		defer os.RemoveAll(state)
+	}
+	push := func(sizeMiB int) string {
+		tarPath, _, err := images.Large(context.Background(), sizeMiB, images.Options{})
 		if err != nil {
-			log.Fatalf("building the %d MiB image: %v", *largeMiB, err)
+			log.Fatalf("building the %d MiB image: %v", sizeMiB, err)
 		}
-		podImage = images.LargeRef(*largeMiB)
 		if out, err := exec.Command(*bin, "image", "push", tarPath, "--state-dir", state, "--shared-layers="+strconv.FormatBool(*shared)).CombinedOutput(); err != nil {
 			log.Fatalf("image push: %v\n%s", err, out)
 		}
+		return images.LargeRef(sizeMiB)
+	}
+	shape := podShape{image: "busybox:stable"}
+	switch {
+	case *ciShaped:
+		shape = podShape{image: push(ciJobMiB), helper: push(ciHelperMiB)}
+	case *largeMiB > 0:
+		shape.image = push(*largeMiB)
 	}
 	apiPort, lo := freePort(), freePort()
 	daemon := exec.Command(*bin, "serve", "--state-dir", state, "--node-image", *image,
@@ -130,7 +147,9 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer os.Remove(state + ".log")
+	if !*keep {
+		defer os.Remove(state + ".log")
+	}
 	daemon.Stdout, daemon.Stderr = logf, logf
 	if err := daemon.Start(); err != nil {
 		log.Fatal(err)
@@ -187,12 +206,13 @@ func main() {
 	if *warmPool > 0 {
 		warm = fmt.Sprintf(", warm pool %d (claimed nodes marked warm)", *warmPool)
 	}
-	fmt.Printf("%d Pod(s) per run, node size 1 vCPU / %s, %s, %s, image %s, shared layers %v%s\n\n", *pods, *memory, accel, cache, podImage, *shared, warm)
+	fmt.Printf("%d Pod(s) per run, node size 1 vCPU / %s, %s, %s, %s, shared layers %v%s\n\n", *pods, *memory, accel, cache, shape, *shared, warm)
 	fmt.Printf("| run | node | Pod->VMM start | kernel init (guest) | agent up (guest) | Pod->registered | Pod->Node Ready | Pod->Pod Running | image pull | qemu RSS | idle qemu CPU |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	var rows [][]float64
 	var summary []string
 	var starts [][]float64 // the daemon's breakdown per node; NaN where it has no figure
 	var startRows []string
+	var podRows []string
 	for i := range *runs {
 		hits := "-" // no pool
 		var claims0 map[string]float64
@@ -206,7 +226,7 @@ func main() {
 				log.Fatalf("run %d: %v", i, ctx.Err())
 			}
 		}
-		r, err := measure(ctx, k, state, i, *pods, podImage, *timeout)
+		r, err := measure(ctx, k, state, i, *pods, shape, *timeout)
 		if err != nil {
 			log.Fatalf("run %d: %v", i, err)
 		}
@@ -245,6 +265,7 @@ func main() {
 			}
 			starts = append(starts, row)
 			startRows = append(startRows, fmt.Sprintf("| %d | %d |%s", i+1, j+1, optCells(row)))
+			podRows = append(podRows, fmt.Sprintf("| %d | %d |%s", i+1, j+1, optCells(n.pod.row())))
 		}
 		summary = append(summary, fmt.Sprintf("| %d | %.2fs | %d MiB | %d MiB | %.1f MiB | %.1f MiB | %d MiB | %s |", i+1, r.allRunning.Seconds(),
 			r.guestMiB, r.meanRSSMiB(), float64(r.bridgeTx)/(1<<20), float64(r.otherRx)/(1<<20), r.registryMiB, hits))
@@ -261,6 +282,14 @@ func main() {
 	fmt.Printf("| median | all |%s | | |\n", cells(med))
 	fmt.Printf("\n| run | %d Pending -> %d Running | guest memory | qemu RSS (mean) | host -> guests over the bridge | host received elsewhere | host registry on disk | warm hits |\n|---|---|---|---|---|---|---|---|\n", *pods, *pods)
 	for _, l := range summary {
+		fmt.Println(l)
+	}
+	fmt.Printf("\nEach node's first Pod, host clock from the Pods created, as first seen (polled every 0.1 s; `Pulling` of the first container comes once its sandbox is up):\n\n| run | node |")
+	for _, r := range podEventReasons {
+		fmt.Printf(" %s |", r)
+	}
+	fmt.Printf("\n|---|---|%s\n", strings.Repeat("---|", len(podEventReasons)))
+	for _, l := range podRows {
 		fmt.Println(l)
 	}
 	fmt.Printf("\nWhere each start went, by the daemon (its `node start` log line: each phase its own duration, and their total):\n\n| run | node |")
@@ -348,6 +377,7 @@ type nodeTimes struct {
 	idleCPU                                 float64 // host cores its qemu used while idle
 	timeline                                bool    // the console had the agent's up line
 	warm                                    bool    // claimed from the warm pool
+	pod                                     podTimes
 }
 
 func (n nodeTimes) times() []float64 {
@@ -372,7 +402,7 @@ func (r runResult) meanRSSMiB() int {
 
 // measure creates n anti-affine Pods at once, follows each node's boot and each Pod to
 // Running, then deletes the Pods and waits until the cluster is back at zero.
-func measure(ctx context.Context, k kubernetes.Interface, state string, run, n int, podImage string, timeout time.Duration) (runResult, error) {
+func measure(ctx context.Context, k kubernetes.Interface, state string, run, n int, shape podShape, timeout time.Duration) (runResult, error) {
 	nodesDir := filepath.Join(state, "nodes")
 	zero := int64(0)
 	labels := map[string]string{"bench": fmt.Sprintf("run-%d", run)}
@@ -384,7 +414,8 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 				Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
 					RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
 						LabelSelector: &metav1.LabelSelector{MatchLabels: labels}, TopologyKey: corev1.LabelHostname}}}},
-				Containers: []corev1.Container{{Name: "main", Image: podImage, Command: []string{"sleep", "3600"}}}}}
+			}}
+		shape.fill(&pod.Spec)
 		if _, err := k.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			return runResult{}, err
 		}
@@ -423,8 +454,12 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 		pl, err := k.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "bench=" + labels["bench"]})
 		running, timelines := 0, 0
 		if err == nil {
+			events := podEvents(ctx, k)
 			for _, p := range pl.Items {
-				if nt := nodes[p.Spec.NodeName]; nt != nil && p.Status.Phase == corev1.PodRunning {
+				if nt := nodes[p.Spec.NodeName]; nt != nil {
+					nt.pod.observe(now, events[p.Name])
+				}
+				if nt := nodes[p.Spec.NodeName]; nt != nil && allRunning(&p) {
 					running++
 					if nt.running == 0 {
 						nt.running = now
