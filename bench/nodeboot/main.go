@@ -28,7 +28,8 @@
 // With -ci-shaped each Pod is shaped like a GitLab Runner job Pod: an init container and a
 // helper container of a 60 MiB image, a build container of an 80 MiB image (podShape), and
 // a Pod counts as running once all its containers run. -keep keeps the daemon's state
-// directory (node consoles with the kubelet's and containerd's logs) and its log.
+// directory (node consoles with the kubelet's and containerd's logs, copied to consoles/
+// before the nodes go) and its log.
 //
 // With -shared-layers=false the daemon gives nodes no shared layer store: every layer is
 // pulled and unpacked in the guest (the cold path bench/sharedlayers.sh compares with).
@@ -89,7 +90,7 @@ func main() {
 	tcgCache := flag.Int64("tcg-cache-mib", 0, "the daemon's --tcg-cache-mib (TCG translation cache per VM; 0: the daemon's default)")
 	shared := flag.Bool("shared-layers", true, "the daemon's and image push's --shared-layers (layers unpacked on the host and shared with nodes; false: nodes pull)")
 	warmPool := flag.Int("warm-pool", 0, "the daemon's --warm-pool: node VMs of the cluster's node size kept booted, claimed by the runs' nodes (0: every node boots cold)")
-	prewarm := flag.Bool("warm-pool-prewarm", false, "the daemon's --warm-pool-prewarm: pool VMs run the programs of a Pod start while they wait")
+	prewarm := flag.Bool("warm-pool-prewarm", true, "the daemon's --warm-pool-prewarm: pool VMs run the programs of a Pod start while they wait")
 	warmSettle := flag.Duration("warm-settle", 15*time.Second, "how long the pool VMs wait once ready before the Pods are created (in use, a pool VM waits minutes; its prewarm takes a few seconds under TCG)")
 	warmTimeout := flag.Duration("warm-timeout", 10*time.Minute, "how long to wait before each run for min(-warm-pool, -pods) pool VMs to be ready")
 	flag.Parse()
@@ -499,6 +500,14 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 		res.nodes = append(res.nodes, *nt)
 	}
 	sort.Slice(res.nodes, func(i, j int) bool { return res.nodes[i].vmm < res.nodes[j].vmm })
+	// The node directories go with the nodes: keep their consoles (the agent's, the
+	// kubelet's and containerd's log) for -keep.
+	for _, nt := range nodes {
+		if b, err := os.ReadFile(filepath.Join(nodesDir, nt.name, "console.log")); err == nil {
+			_ = os.MkdirAll(filepath.Join(state, "consoles"), 0o755)
+			_ = os.WriteFile(filepath.Join(state, "consoles", nt.name+".log"), b, 0o644)
+		}
+	}
 	if err := k.CoreV1().Pods("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "bench=" + labels["bench"]}); err != nil {
 		return res, err
 	}
