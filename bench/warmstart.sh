@@ -4,7 +4,7 @@
 # pool VM that is ready, and has waited -warm-settle (15 s) as pool VMs in use wait longer,
 # before the Pods are created), then --warm-pool 0, each a fresh
 # daemon and a cluster at zero nodes, the other flags the same.
-#   bench/warmstart.sh [-rounds 2] [-pods 1] [-large 0 | -ci-shaped] [-memory 1Gi] [-prewarm] [-keep]
+#   bench/warmstart.sh [-rounds 2] [-pods 1] [-large 0 | -ci-shaped] [-memory 1Gi] [-no-prewarm] [-keep]
 # Issue 12's rows:
 #   busybox Pod Pending -> Running, cluster at zero nodes   bench/warmstart.sh
 #   a Pod of ~140 MB of images from the host registry       bench/warmstart.sh -large 140
@@ -14,22 +14,23 @@
 # like a GitLab Runner job (bench/nodeboot -ci-shaped); -keep keeps each run's daemon state
 # and log (node consoles) for a look at where a start went; -memory is the node
 # size (the pool's VMs get the same; P of them and P nodes must fit the host).
-# -prewarm adds a third run per round, warm with --warm-pool-prewarm (pool VMs that run
-# the programs of a Pod start once while they wait), between the two.
+# The warm runs use the daemon's default --warm-pool-prewarm (pool VMs that run a Pod
+# start's programs and one throwaway container through runc while they wait);
+# -no-prewarm adds a third run per round, warm with --warm-pool-prewarm=false, between.
 # Prints each run's tables, then per round the time from the Pods created to all Running,
 # warm and cold, their ratio, and the claims that hit the pool (P of P when all did).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=2 pods=1 large=0 memory=1Gi prewarm=0 extra=()
+rounds=2 pods=1 large=0 memory=1Gi bare=0 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    -prewarm) prewarm=1; shift ;;
+    -no-prewarm) bare=1; shift ;;
     -ci-shaped|-keep) extra+=("$1"); shift ;;
     -rounds) rounds="$2"; shift 2 ;;
     -pods) pods="$2"; shift 2 ;;
     -large) large="$2"; shift 2 ;;
     -memory) memory="$2"; shift 2 ;;
-    *) echo "usage: $0 [-rounds N] [-pods N] [-large MIB | -ci-shaped] [-memory QUANTITY] [-prewarm] [-keep]" >&2; exit 2 ;;
+    *) echo "usage: $0 [-rounds N] [-pods N] [-large MIB | -ci-shaped] [-memory QUANTITY] [-no-prewarm] [-keep]" >&2; exit 2 ;;
   esac
 done
 ./hack/build bin/socialweb >&2
@@ -38,10 +39,10 @@ image="$(bin/socialweb image build --ensure 2>/dev/null | tail -1 | sed -n 's/.*
 out="$(mktemp -d /tmp/socialweb-warmstart.XXXXXX)"
 for r in $(seq 1 "$rounds"); do
   variants="$pods"
-  [ "$prewarm" = 1 ] && variants="$variants pre"
+  [ "$bare" = 1 ] && variants="$variants bare"
   for v in $variants 0; do
-    pool="$v" pre=false
-    [ "$v" = pre ] && pool="$pods" pre=true
+    pool="$v" pre=true
+    [ "$v" = bare ] && pool="$pods" pre=false
     echo "## round $r, warm pool $pool, prewarm $pre" | tee -a "$out/all"
     bin/nodeboot -bin bin/socialweb -image "$image" -runs 1 -pods "$pods" -memory "$memory" -large "$large" -warm-pool "$pool" \
       -warm-pool-prewarm="$pre" ${extra[@]+"${extra[@]}"} | tee "$out/$r-$v" | tee -a "$out/all"
@@ -51,8 +52,8 @@ done
 # last the warm hits.
 row() { awk -F'|' '/Pending -> /{t=1; next} t && /^\| 1 \|/{gsub(/[ s]/,"",$3); gsub(/ /,"",$(NF-1)); print $3, $(NF-1); exit}' "$1"; }
 echo
-if [ "$prewarm" = 1 ]; then
-  echo "| round | warm: $pods Pod(s) -> Running | warm, prewarmed | cold | warm/prewarmed | cold/warm | warm hits |"
+if [ "$bare" = 1 ]; then
+  echo "| round | warm: $pods Pod(s) -> Running | warm, not prewarmed | cold | not prewarmed/warm | cold/warm | warm hits |"
   echo "|---|---|---|---|---|---|---|"
 else
   echo "| round | warm: $pods Pod(s) -> Running | cold: $pods Pod(s) -> Running | cold/warm | warm hits |"
@@ -61,9 +62,9 @@ fi
 for r in $(seq 1 "$rounds"); do
   read -r warm hits < <(row "$out/$r-$pods")
   read -r cold _ < <(row "$out/$r-0")
-  if [ "$prewarm" = 1 ]; then
-    read -r pw _ < <(row "$out/$r-pre")
-    awk -v r="$r" -v w="$warm" -v o="$pw" -v c="$cold" -v h="$hits" -v p="$pods" 'BEGIN{printf "| %s | %.1f s | %.1f s | %.1f s | %.2fx | %.2fx | %s of %s |\n", r, w, o, c, (o>0? w/o : 0), (w>0? c/w : 0), h, p}'
+  if [ "$bare" = 1 ]; then
+    read -r nb _ < <(row "$out/$r-bare")
+    awk -v r="$r" -v w="$warm" -v o="$nb" -v c="$cold" -v h="$hits" -v p="$pods" 'BEGIN{printf "| %s | %.1f s | %.1f s | %.1f s | %.2fx | %.2fx | %s of %s |\n", r, w, o, c, (w>0? o/w : 0), (w>0? c/w : 0), h, p}'
   else
     awk -v r="$r" -v w="$warm" -v c="$cold" -v h="$hits" -v p="$pods" 'BEGIN{printf "| %s | %.1f s | %.1f s | %.2fx | %s of %s |\n", r, w, c, (w>0? c/w : 0), h, p}'
   fi

@@ -90,7 +90,7 @@ func TestEnvTwinIsGiven(t *testing.T) {
 func TestWarmPoolFlags(t *testing.T) {
 	tests := []struct{ flag, def, env, set string }{
 		{"warm-pool", "0", "SOCIALWEB_WARM_POOL", "2"},
-		{"warm-pool-prewarm", "false", "SOCIALWEB_WARM_POOL_PREWARM", "true"},
+		{"warm-pool-prewarm", "true", "SOCIALWEB_WARM_POOL_PREWARM", "false"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.flag, func(t *testing.T) {

@@ -13,7 +13,8 @@
 //     socialweb snapshotter that takes layers from that share, see
 //     layershare), containerd-config, containerd (started, not waited for),
 //     identity, hostname, network, registry, kubelet-config, containerd-ready
-//     (its socket answers), kubelet, and the steps after it.
+//     (its socket answers), sandbox-image (pulls the pause image in the
+//     background), kubelet, and the steps after it.
 //     Each step logs one timeline line when it is done,
 //     `msg=agent step=<name> uptime=<s>s took=<d>`, where uptime is the
 //     guest's /proc/uptime (seconds since the kernel started), so the host
@@ -171,6 +172,10 @@ var DefaultSysctls = map[string]string{
 	"net.bridge.bridge-nf-call-ip6tables": "1",
 	"fs.inotify.max_user_instances":       "8192",
 	"fs.inotify.max_user_watches":         "524288",
+	// The agent is PID 1, and the kernel reports every SIGSEGV of PID 1 on the console,
+	// also the nil dereferences Go turns into panics that the kubelet recovers: two
+	// lines each on the serial console, a dozen in a node's first seconds.
+	"debug.exception-trace": "0",
 }
 
 // DefaultConfig returns the configuration of a node.
@@ -418,6 +423,7 @@ const (
 	StepRegistry         = "registry"
 	StepKubeletConfig    = "kubelet-config"
 	StepContainerdReady  = "containerd-ready"
+	StepSandboxImage     = "sandbox-image"
 	StepKubelet          = "kubelet"
 	StepRegister         = "register-node"
 	StepProxy            = "proxy"
@@ -451,6 +457,7 @@ func DefaultSteps() Steps {
 		{StepRegistry, stepRegistry},
 		{StepKubeletConfig, stepKubeletConfig},
 		{StepContainerdReady, stepContainerdReady},
+		{StepSandboxImage, stepSandboxImage},
 		{StepKubelet, stepKubelet},
 		{StepRegister, stepRegister},
 		{StepProxy, stepProxy},

@@ -2,10 +2,14 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // A Pod's first start on a node runs programs the node has not run yet: the runc shim,
@@ -28,14 +32,18 @@ type prewarmCommand struct {
 }
 
 // prewarmCommands lists what prewarm runs: the programs that exist of runc, the shim
-// (found on PATH as containerd finds them) and the CNI plugins in cniBinDir.
-func prewarmCommands(cniBinDir string, lookPath func(string) (string, error)) []prewarmCommand {
+// (found on PATH as containerd finds them) and the CNI plugins in cniBinDir, then, with
+// a bundle (writePrewarmBundle), one container's life through runc as the shim drives
+// it: create (runc and runc init, namespaces, cgroup, mounts), start, delete. A
+// sandbox's first start spent about 5 s more in runc than the next container's.
+func prewarmCommands(cniBinDir, bundle string, lookPath func(string) (string, error)) []prewarmCommand {
 	var out []prewarmCommand
 	if p, err := lookPath("containerd-shim-runc-v2"); err == nil {
 		out = append(out, prewarmCommand{path: p, args: []string{"-v"}})
 	}
-	if p, err := lookPath("runc"); err == nil {
-		out = append(out, prewarmCommand{path: p, args: []string{"--version"}})
+	runc, runcErr := lookPath("runc")
+	if runcErr == nil {
+		out = append(out, prewarmCommand{path: runc, args: []string{"--version"}})
 	}
 	for _, name := range prewarmCNIPlugins() {
 		p := filepath.Join(cniBinDir, name)
@@ -44,14 +52,69 @@ func prewarmCommands(cniBinDir string, lookPath func(string) (string, error)) []
 			out = append(out, prewarmCommand{path: p, env: []string{"CNI_COMMAND=VERSION"}})
 		}
 	}
+	if runcErr == nil && bundle != "" {
+		root := []string{"--root", filepath.Join(bundle, "state")}
+		out = append(out,
+			prewarmCommand{path: runc, args: append(root, "create", "--bundle", bundle, prewarmContainer)},
+			prewarmCommand{path: runc, args: append(root, "start", prewarmContainer)},
+			prewarmCommand{path: runc, args: append(root, "delete", "--force", prewarmContainer)})
+	}
 	return out
 }
 
+// prewarmContainer is the throwaway container's id.
+const prewarmContainer = "socialweb-prewarm"
+
+// prewarmSpec is the throwaway container: /usr/bin/true in new pid, ipc, uts and mount
+// namespaces and a cgroup of its own, on a read-only root that has only the node's /usr
+// (bound read-only), /proc and a /dev. The host's network: CNI has no pod CIDR yet.
+func prewarmSpec() *specs.Spec {
+	return &specs.Spec{
+		Version: "1.0.2",
+		Process: &specs.Process{
+			Args: []string{"/usr/bin/true"}, Cwd: "/", Env: []string{"PATH=/usr/bin"},
+			NoNewPrivileges: true,
+		},
+		Root:     &specs.Root{Path: "rootfs", Readonly: true},
+		Hostname: prewarmContainer,
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=1m"}},
+			{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro"}},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath: "/" + prewarmContainer,
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+			},
+		},
+	}
+}
+
+// writePrewarmBundle writes prewarmSpec's bundle into dir: config.json and a rootfs
+// whose /bin, /lib and /lib64 lead into /usr, as on the node (merged /usr).
+func writePrewarmBundle(dir string) error {
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.MkdirAll(filepath.Join(rootfs, "usr"), 0o755); err != nil {
+		return err
+	}
+	for _, l := range []string{"bin", "lib", "lib64"} {
+		if err := os.Symlink("usr/"+l, filepath.Join(rootfs, l)); err != nil && !os.IsExist(err) {
+			return err
+		}
+	}
+	b, err := json.Marshal(prewarmSpec())
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644)
+}
+
 // prewarm runs cmds one after another until ctx ends (the claim): a claimed node needs
-// the vCPU more. It returns how many ran to the end; their output and errors do not
-// matter.
-func prewarm(ctx context.Context, cmds []prewarmCommand) int {
-	n := 0
+// the vCPU more. It returns how many ran to the end, whatever they answered, and what
+// those that failed said (a CNI plugin answers VERSION with an exit status of 0; the
+// runc steps fail only when the container could not be run).
+func prewarm(ctx context.Context, cmds []prewarmCommand) (n int, failed []string) {
 	for _, c := range cmds {
 		if ctx.Err() != nil {
 			break
@@ -59,15 +122,31 @@ func prewarm(ctx context.Context, cmds []prewarmCommand) int {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		cmd := exec.CommandContext(cctx, c.path, c.args...)
 		cmd.Env = append(os.Environ(), c.env...)
-		if cmd.Start() == nil {
-			_ = cmd.Wait()
-			if cctx.Err() == nil {
-				n++ // ran to its end, whatever it answered
+		// Output to a file, not a pipe: the container runc create leaves waiting for
+		// its start holds runc's stdio open.
+		out, _ := os.CreateTemp("", "prewarm-*")
+		if out != nil {
+			cmd.Stdout, cmd.Stderr = out, out
+		}
+		err := cmd.Run()
+		if cctx.Err() == nil && (err == nil || cmd.ProcessState != nil) {
+			n++ // ran to its end
+			if err != nil {
+				said := ""
+				if out != nil {
+					b, _ := os.ReadFile(out.Name())
+					said = string(b)
+				}
+				failed = append(failed, fmt.Sprintf("%s %v: %v: %.200s", filepath.Base(c.path), c.args, err, said))
 			}
+		}
+		if out != nil {
+			out.Close()
+			os.Remove(out.Name())
 		}
 		cancel()
 	}
-	return n
+	return n, failed
 }
 
 // startPrewarm runs prewarm in the background while a warm-pool VM waits; the returned
@@ -75,12 +154,30 @@ func prewarm(ctx context.Context, cmds []prewarmCommand) int {
 func (a *Agent) startPrewarm(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	cmds := prewarmCommands(a.Layout.CNIBinDir, exec.LookPath)
+	bundle := "/run/socialweb-prewarm"
+	if err := writePrewarmBundle(bundle); err != nil {
+		a.Log.Warn("warm-pool VM: no throwaway container to prewarm runc with", "err", err)
+		bundle = ""
+	}
+	cmds := prewarmCommands(a.Layout.CNIBinDir, bundle, exec.LookPath)
 	go func() {
 		defer close(done)
 		t0 := time.Now()
-		n := prewarm(ctx, cmds)
-		a.Log.Info("warm-pool VM: ran the programs a Pod start runs", "ran", n, "of", len(cmds), "took", time.Since(t0).Round(time.Millisecond))
+		n, failed := prewarm(ctx, cmds)
+		a.Log.Info("warm-pool VM: ran the programs a Pod start runs", "ran", n, "of", len(cmds), "failed", len(failed),
+			"took", time.Since(t0).Round(time.Millisecond))
+		for _, f := range failed {
+			a.Log.Warn("warm-pool VM: prewarm step failed", "step", f)
+		}
+		if n < len(cmds) && bundle != "" {
+			// Claimed midway: a created container's init would wait for its start
+			// forever. Its delete runs beside the node's start, not before it.
+			if runc, err := exec.LookPath("runc"); err == nil {
+				go func() {
+					_ = exec.Command(runc, "--root", filepath.Join(bundle, "state"), "delete", "--force", prewarmContainer).Run()
+				}()
+			}
+		}
 	}()
 	return func() { cancel(); <-done }
 }

@@ -2,12 +2,15 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 func TestPrewarmCommands(t *testing.T) {
@@ -35,7 +38,7 @@ func TestPrewarmCommands(t *testing.T) {
 				return "", errors.New("not found")
 			}
 			var got []string
-			for _, c := range prewarmCommands(dir, look) {
+			for _, c := range prewarmCommands(dir, "", look) {
 				got = append(got, filepath.Base(c.path))
 				if filepath.Dir(c.path) == dir && !slices.Equal(c.env, []string{"CNI_COMMAND=VERSION"}) {
 					t.Errorf("plugin %s runs with env %v, want CNI_COMMAND=VERSION", c.path, c.env)
@@ -53,8 +56,9 @@ func TestPrewarmRunsEachAndStopsAtTheClaim(t *testing.T) {
 	mark := func(name string) prewarmCommand {
 		return prewarmCommand{path: "/bin/sh", args: []string{"-c", "touch " + filepath.Join(dir, name)}}
 	}
-	if n := prewarm(context.Background(), []prewarmCommand{mark("a"), mark("b"), {path: "/nonexistent"}}); n != 2 {
-		t.Errorf("prewarm ran %d to the end, want 2", n)
+	fail := prewarmCommand{path: "/bin/sh", args: []string{"-c", "echo no; exit 3"}}
+	if n, failed := prewarm(context.Background(), []prewarmCommand{mark("a"), mark("b"), fail, {path: "/nonexistent"}}); n != 3 || len(failed) != 1 {
+		t.Errorf("prewarm ran %d to the end with failures %q, want 3 with the one that exited 3", n, failed)
 	}
 	for _, name := range []string{"a", "b"} {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
@@ -65,7 +69,10 @@ func TestPrewarmRunsEachAndStopsAtTheClaim(t *testing.T) {
 	ctx, claim := context.WithCancel(context.Background())
 	slow := prewarmCommand{path: "/bin/sh", args: []string{"-c", "sleep 30"}}
 	done := make(chan int, 1)
-	go func() { done <- prewarm(ctx, []prewarmCommand{slow, mark("after")}) }()
+	go func() {
+		n, _ := prewarm(ctx, []prewarmCommand{slow, mark("after")})
+		done <- n
+	}()
 	time.Sleep(100 * time.Millisecond)
 	t0 := time.Now()
 	claim()
@@ -82,5 +89,51 @@ func TestPrewarmRunsEachAndStopsAtTheClaim(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "after")); err == nil {
 		t.Error("a program ran after the claim")
+	}
+}
+
+func TestPrewarmContainer(t *testing.T) {
+	look := func(name string) (string, error) { return "/usr/sbin/" + name, nil }
+	cmds := prewarmCommands(t.TempDir(), "/run/b", look)
+	var runc [][]string
+	for _, c := range cmds {
+		if filepath.Base(c.path) == "runc" && !slices.Equal(c.args, []string{"--version"}) {
+			runc = append(runc, c.args)
+		}
+	}
+	want := [][]string{
+		{"--root", "/run/b/state", "create", "--bundle", "/run/b", prewarmContainer},
+		{"--root", "/run/b/state", "start", prewarmContainer},
+		{"--root", "/run/b/state", "delete", "--force", prewarmContainer},
+	}
+	if !slices.EqualFunc(runc, want, slices.Equal[[]string]) {
+		t.Errorf("runc steps %q, want %q", runc, want)
+	}
+
+	dir := t.TempDir()
+	if err := writePrewarmBundle(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := writePrewarmBundle(dir); err != nil {
+		t.Fatalf("writing the bundle again: %v", err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	if spec.Root == nil || spec.Root.Path != "rootfs" || !spec.Root.Readonly || spec.Process == nil || spec.Process.Args[0] != "/usr/bin/true" {
+		t.Errorf("spec root %+v, process %+v", spec.Root, spec.Process)
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			t.Error("the throwaway container has a network namespace; it has no CNI to set one up")
+		}
+	}
+	if l, err := os.Readlink(filepath.Join(dir, "rootfs", "lib64")); err != nil || l != "usr/lib64" {
+		t.Errorf("rootfs/lib64 -> %q (%v), want usr/lib64", l, err)
 	}
 }

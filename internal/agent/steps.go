@@ -510,7 +510,7 @@ func stepContainerdConfig(ctx context.Context, a *Agent) error {
 		}
 	}
 	files, err := ContainerdFiles(a.Layout, ContainerdOptions{
-		Major: a.ContainerdMajor, SandboxImage: a.Config.SandboxImage, LogLevel: a.Config.ContainerdLogLevel,
+		Major: a.ContainerdMajor, SandboxImage: a.Config.SandboxImage, LogLevel: containerdLogLevel(a.Config.ContainerdLogLevel, KernelArg),
 		SharedLayers: a.snapshotter != nil,
 	}, a.Config.CNI)
 	if err != nil {
