@@ -285,22 +285,10 @@ func main() {
 	for _, l := range summary {
 		fmt.Println(l)
 	}
-	fmt.Printf("\nEach node's first Pod, host clock from the Pods created, as first seen (polled every 0.1 s; `Pulling` of the first container comes once its sandbox is up):\n\n| run | node |")
-	for _, r := range podEventReasons {
-		fmt.Printf(" %s |", r)
-	}
-	fmt.Printf("\n|---|---|%s\n", strings.Repeat("---|", len(podEventReasons)))
-	for _, l := range podRows {
-		fmt.Println(l)
-	}
-	fmt.Printf("\nWhere each start went, by the daemon (its `node start` log line: each phase its own duration, and their total):\n\n| run | node |")
-	for _, ph := range startPhases {
-		fmt.Printf(" %s |", ph)
-	}
-	fmt.Printf("\n|---|---|%s\n", strings.Repeat("---|", len(startPhases)))
-	for _, l := range startRows {
-		fmt.Println(l)
-	}
+	printNodeTable("Each node's first Pod, host clock from the Pods created, as first seen (polled every 0.1 s; `Pulling` of the first container comes once its sandbox is up)",
+		podEventReasons, podRows)
+	printNodeTable("Where each start went, by the daemon (its `node start` log line: each phase its own duration, and their total)",
+		startPhases, startRows)
 	startMed := make([]float64, len(startPhases))
 	for c := range startMed {
 		var col []float64
@@ -320,6 +308,18 @@ func main() {
 
 // startPhases are the daemon's start breakdown phases, in order, and their total.
 var startPhases = []string{"decision", "vmm", "kernel", "agent", "registered", "ready", "image", "container", "total"}
+
+// printNodeTable prints a table of one row per run and node under title.
+func printNodeTable(title string, columns, rows []string) {
+	fmt.Printf("\n%s:\n\n| run | node |", title)
+	for _, c := range columns {
+		fmt.Printf(" %s |", c)
+	}
+	fmt.Printf("\n|---|---|%s\n", strings.Repeat("---|", len(columns)))
+	for _, l := range rows {
+		fmt.Println(l)
+	}
+}
 
 // startBreakdowns reads the daemon's `node start` log lines (JSON): node -> phase ->
 // seconds.
