@@ -13,8 +13,7 @@
 //     socialweb snapshotter that takes layers from that share, see
 //     layershare), containerd-config, containerd (started, not waited for),
 //     identity, hostname, network, registry, kubelet-config, containerd-ready
-//     (its socket answers), sandbox-image (pulls the pause image in the
-//     background), kubelet, and the steps after it.
+//     (its socket answers), kubelet, and the steps after it.
 //     Each step logs one timeline line when it is done,
 //     `msg=agent step=<name> uptime=<s>s took=<d>`, where uptime is the
 //     guest's /proc/uptime (seconds since the kernel started), so the host
@@ -423,7 +422,6 @@ const (
 	StepRegistry         = "registry"
 	StepKubeletConfig    = "kubelet-config"
 	StepContainerdReady  = "containerd-ready"
-	StepSandboxImage     = "sandbox-image"
 	StepKubelet          = "kubelet"
 	StepRegister         = "register-node"
 	StepProxy            = "proxy"
@@ -457,7 +455,6 @@ func DefaultSteps() Steps {
 		{StepRegistry, stepRegistry},
 		{StepKubeletConfig, stepKubeletConfig},
 		{StepContainerdReady, stepContainerdReady},
-		{StepSandboxImage, stepSandboxImage},
 		{StepKubelet, stepKubelet},
 		{StepRegister, stepRegister},
 		{StepProxy, stepProxy},

@@ -130,7 +130,7 @@ func TestRunContextCancelled(t *testing.T) {
 func TestStepsEditing(t *testing.T) {
 	s := DefaultSteps()
 	if got, want := s.Names(), []string{"mounts", "limits", "modules", "sysctls", "data-disk", "layer-share", "snapshotter", "containerd-config", "containerd",
-		"identity", "hostname", "network", "registry", "kubelet-config", "containerd-ready", "sandbox-image", "kubelet", "register-node", "proxy", "dns", "health", "cpu-report", "boot-timeline"}; !reflect.DeepEqual(got, want) {
+		"identity", "hostname", "network", "registry", "kubelet-config", "containerd-ready", "kubelet", "register-node", "proxy", "dns", "health", "cpu-report", "boot-timeline"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("DefaultSteps = %v, want %v", got, want)
 	}
 	noop := func(context.Context, *Agent) error { return nil }
