@@ -457,10 +457,12 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 		if err == nil {
 			events := podEvents(ctx, k)
 			for _, p := range pl.Items {
-				if nt := nodes[p.Spec.NodeName]; nt != nil {
-					nt.pod.observe(now, events[p.Name])
+				nt := nodes[p.Spec.NodeName]
+				if nt == nil {
+					continue
 				}
-				if nt := nodes[p.Spec.NodeName]; nt != nil && allRunning(&p) {
+				nt.pod.observe(now, events[p.Name])
+				if allRunning(&p) {
 					running++
 					if nt.running == 0 {
 						nt.running = now
