@@ -4,16 +4,18 @@
 # pool VM that is ready, and has waited -warm-settle (15 s) as pool VMs in use wait longer,
 # before the Pods are created), then --warm-pool 0, each a fresh
 # daemon and a cluster at zero nodes, the other flags the same.
-#   bench/warmstart.sh [-rounds 2] [-pods 1] [-large 0 | -ci-shaped] [-memory 1Gi] [-no-prewarm] [-keep]
+#   bench/warmstart.sh [-rounds 2] [-pods 1] [-large 0 | -ci-shaped] [-memory 1Gi] [-disk 10Gi] [-no-prewarm] [-keep]
 # Issue 12's rows:
 #   busybox Pod Pending -> Running, cluster at zero nodes   bench/warmstart.sh
 #   a Pod of ~140 MB of images from the host registry       bench/warmstart.sh -large 140
 #   a CI-shaped Pod (init container + 2 containers, 140 MiB) bench/warmstart.sh -ci-shaped
-#   five such Pods on five nodes, compared with one         bench/warmstart.sh -ci-shaped -pods 5 -memory 512Mi
+#   five such Pods on five nodes, compared with one         bench/warmstart.sh -ci-shaped -pods 5 -memory 512Mi -disk 4Gi
 # -large MIB runs a locally built image of that size (0: busybox); -ci-shaped runs Pods shaped
 # like a GitLab Runner job (bench/nodeboot -ci-shaped); -keep keeps each run's daemon state
 # and log (node consoles) for a look at where a start went; -memory is the node
-# size (the pool's VMs get the same; P of them and P nodes must fit the host).
+# size and -disk each node's container-storage disk (the pool's VMs get the same; P of them
+# and P nodes must fit the host: the daemon reserves each node's whole disk, 12 GiB with
+# the default 10Gi).
 # The warm runs use the daemon's default --warm-pool-prewarm (pool VMs that run a Pod
 # start's programs and one throwaway container through runc while they wait);
 # -no-prewarm adds a third run per round, warm with --warm-pool-prewarm=false, between.
@@ -21,7 +23,7 @@
 # warm and cold, their ratio, and the claims that hit the pool (P of P when all did).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=2 pods=1 large=0 memory=1Gi bare=0 extra=()
+rounds=2 pods=1 large=0 memory=1Gi disk= bare=0 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -no-prewarm) bare=1; shift ;;
@@ -30,7 +32,8 @@ while [ $# -gt 0 ]; do
     -pods) pods="$2"; shift 2 ;;
     -large) large="$2"; shift 2 ;;
     -memory) memory="$2"; shift 2 ;;
-    *) echo "usage: $0 [-rounds N] [-pods N] [-large MIB | -ci-shaped] [-memory QUANTITY] [-no-prewarm] [-keep]" >&2; exit 2 ;;
+    -disk) disk="$2"; shift 2 ;;
+    *) echo "usage: $0 [-rounds N] [-pods N] [-large MIB | -ci-shaped] [-memory QUANTITY] [-disk QUANTITY] [-no-prewarm] [-keep]" >&2; exit 2 ;;
   esac
 done
 ./hack/build bin/socialweb >&2
@@ -44,7 +47,7 @@ for r in $(seq 1 "$rounds"); do
     pool="$v" pre=true
     [ "$v" = bare ] && pool="$pods" pre=false
     echo "## round $r, warm pool $pool, prewarm $pre" | tee -a "$out/all"
-    bin/nodeboot -bin bin/socialweb -image "$image" -runs 1 -pods "$pods" -memory "$memory" -large "$large" -warm-pool "$pool" \
+    bin/nodeboot -bin bin/socialweb -image "$image" -runs 1 -pods "$pods" -memory "$memory" ${disk:+-disk "$disk"} -large "$large" -warm-pool "$pool" \
       -warm-pool-prewarm="$pre" ${extra[@]+"${extra[@]}"} | tee "$out/$r-$v" | tee -a "$out/all"
   done
 done

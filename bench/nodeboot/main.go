@@ -43,7 +43,7 @@
 // 0 and agent up the guest time from reading its identity to its boot steps done, as the
 // daemon's breakdown counts it. The pool refills while a run goes on, as it would in use.
 //
-//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi] [-large 1024 | -ci-shaped] [-keep] [-timeout 20m] [-tcg-cache-mib 128] [-shared-layers=false] [-warm-pool 5 [-warm-pool-prewarm=false]]
+//	go run ./bench/nodeboot -bin bin/socialweb -image DIR [-runs 3] [-pods 5 -memory 512Mi -disk 4Gi] [-large 1024 | -ci-shaped] [-keep] [-timeout 20m] [-tcg-cache-mib 128] [-shared-layers=false] [-warm-pool 5 [-warm-pool-prewarm=false]]
 package main
 
 import (
@@ -83,6 +83,7 @@ func main() {
 	runs := flag.Int("runs", 3, "boots to measure")
 	pods := flag.Int("pods", 1, "Pods per run, each on its own node")
 	memory := flag.String("memory", "1Gi", "node memory")
+	disk := flag.String("disk", "", "the daemon's --default-node-disk, each node's container-storage disk (\"\": the daemon's default, 10Gi; the host must have room for each node's whole disk, so five nodes want a smaller one)")
 	largeMiB := flag.Int("large", 0, "run a locally built image of this many MiB (0: busybox)")
 	ciShaped := flag.Bool("ci-shaped", false, "run CI-shaped Pods instead, as a GitLab Runner's kubernetes executor makes them: an init container and a helper container of a 60 MiB image, and a build container of an 80 MiB image, both from the host registry (140 MiB; -large is ignored)")
 	keep := flag.Bool("keep", false, "keep the daemon's state directory and log (node consoles, the kubelet's log) and print where")
@@ -130,6 +131,9 @@ func main() {
 	daemon := exec.Command(*bin, "serve", "--state-dir", state, "--node-image", *image,
 		"--api-port", strconv.Itoa(apiPort), "--port-range", fmt.Sprintf("%d-%d", lo, lo),
 		"--network-range", "180-189", "--metrics-address", "", "--shared-layers="+strconv.FormatBool(*shared))
+	if *disk != "" {
+		daemon.Args = append(daemon.Args, "--default-node-disk", *disk)
+	}
 	if *tcgCache > 0 {
 		daemon.Args = append(daemon.Args, "--tcg-cache-mib", strconv.FormatInt(*tcgCache, 10))
 	}
