@@ -44,6 +44,7 @@ type instance struct {
 	// Warm pool (pool.go); rec.Pool says the VM is one.
 	claiming  bool // a Create is handing it to a node
 	poolReady bool // its guest waits for its identity (console: poolReadyMarker)
+	poolNiced bool // its threads are at PoolNice since it was ready (see priority.go)
 }
 
 // alive reports whether the VM's qemu runs (or, during Create, may still come to run).

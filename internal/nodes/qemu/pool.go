@@ -232,6 +232,7 @@ func (p *Provider) tendPool(ctx context.Context) {
 	var looks []look
 	for _, in := range p.insts {
 		if in.unclaimedLocked() && !in.creating {
+			p.poolNiceLocked(in)
 			looks = append(looks, look{inst: in, name: in.rec.Request.Name, dir: in.dir, started: in.started, ready: in.poolReady,
 				progressed: in.progressed, accel: in.rec.Accel, broken: in.stalled})
 		}
@@ -282,6 +283,21 @@ func (p *Provider) tendPool(ctx context.Context) {
 		}
 	}
 	p.refill(ctx)
+}
+
+// poolNiceLocked lowers the CPU priority of unclaimed pool VM in to PoolNice, again on
+// each pass until its guest is ready (qemu may start threads until then). Called with
+// p.mu held, so a claim, which raises it, comes before or after, never between.
+func (p *Provider) poolNiceLocked(in *instance) {
+	if in.poolNiced || in.rec.Process == nil || !in.alive() {
+		return
+	}
+	if err := setNice(in.rec.Process.PID, PoolNice); err != nil {
+		p.log.Warn("warm-pool VM: could not lower its CPU priority", "vm", in.rec.Request.Name, "err", err)
+		in.poolNiced = true // not again every second
+		return
+	}
+	in.poolNiced = in.poolReady
 }
 
 // refill boots pool VMs, one after the other, until the pool is full.
@@ -403,6 +419,7 @@ func (p *Provider) bootPoolVM(ctx context.Context) error {
 	ok = true
 	p.mu.Lock()
 	inst.creating = false
+	p.poolNiceLocked(inst)
 	p.mu.Unlock()
 	p.log.Info("warm pool VM started", "vm", name, "pid", inst.rec.Process.PID, "accel", inst.rec.Accel, "rootfs", string(b.method),
 		"clone", b.clone.Round(time.Millisecond), "qemuUp", b.qemuUp.Round(time.Millisecond), "took", time.Since(t0).Round(time.Millisecond))
@@ -441,6 +458,17 @@ func (p *Provider) claim(ctx context.Context, req nodes.NodeRequest, plan nodene
 			"claiming warm-pool VM %s failed at its %s step (%v); %s, and node %s booted cold", poolName, step, err, fate, req.Name)}
 	}
 
+	// A node's priority from here on, even if the claim fails: the pool loop lowers
+	// it again for a VM given back.
+	p.mu.Lock()
+	inst.poolNiced = false
+	proc := inst.rec.Process
+	p.mu.Unlock()
+	if proc == nil {
+		return fail("priority", errors.New("its qemu has not started"), false)
+	} else if err := setNice(proc.PID, 0); err != nil {
+		log.Warn("warm-pool VM: could not raise its CPU priority to a node's", "err", err)
+	}
 	id, err := p.identity(ctx, req, plan, addr, inst.rec.MAC)
 	if err != nil {
 		return fail("identity", err, false)

@@ -173,12 +173,33 @@ func TestPoolClaim(t *testing.T) {
 		t.Errorf("pool VM tap %s MAC %s, want nodenet's pool names", pool.Tap, pool.MAC)
 	}
 
+	// Unclaimed, it waits at a pool VM's CPU priority; claimed, it has a node's.
+	nicesAre := func(want int) func() bool {
+		return func() bool {
+			n, err := ThreadNices(pool.PID)
+			if err != nil || len(n) == 0 {
+				return false
+			}
+			for _, v := range n {
+				if v != want {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	waitFor(t, 5*time.Second, "the pool VM's threads at nice 10", nicesAre(PoolNice))
+
 	t0 := time.Now()
 	inst, err := p.Create(ctx, req("a", "a-warm"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("claim took %s", time.Since(t0))
+	if !nicesAre(0)() {
+		n, _ := ThreadNices(pool.PID)
+		t.Errorf("the claimed node's threads have nice values %v, want 0 (a node's priority)", n)
+	}
 	if inst.State != nodes.StateRunning || inst.Cluster != "a" || inst.Name != "a-warm" || inst.ProviderID != "socialweb://a/a-warm" {
 		t.Errorf("Create returned %+v", inst)
 	}
