@@ -309,6 +309,10 @@ type Agent struct {
 	stopping      bool
 	kubeletCancel context.CancelFunc
 	kubeletDone   chan error
+	// sandboxImported: importSandboxImage is done on this boot; the uptime it
+	// imported the image at, 0 if it did not
+	sandboxImported   bool
+	sandboxImportedAt time.Duration
 	// the socialweb snapshotter, when the layer share is mounted
 	snapshotter       *layershare.Snapshotter
 	snapshotterServer *layershare.Server

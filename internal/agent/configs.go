@@ -47,6 +47,9 @@ type Layout struct {
 	// CNITemplate is the conflist template containerd renders into CNIConfDir
 	// once the kubelet passes it the node's pod CIDR (see CNITemplate).
 	CNITemplate string
+	// SandboxImageArchive is the sandbox image as an OCI layout tar, put in the
+	// node image by guestbuild and imported before the kubelet runs.
+	SandboxImageArchive string
 
 	// LayerShare is where the host's layer share (virtio-fs) is mounted.
 	LayerShare string
@@ -86,6 +89,8 @@ func DefaultLayout() Layout {
 		CNIConfDir:       "/etc/cni/net.d",
 		CNITemplate:      "/etc/containerd/cni.conflist.tmpl",
 
+		SandboxImageArchive: "/usr/local/share/socialweb/sandbox-image.oci.tar",
+
 		LayerShare:        "/run/socialweb/layers",
 		SnapshotterSocket: "/run/socialweb/snapshotter.sock",
 		SnapshotterRoot:   "/var/lib/containerd/io.containerd.snapshotter.v1." + SharedSnapshotter,
@@ -119,7 +124,7 @@ func (l Layout) Under(root string) Layout {
 
 func (l *Layout) fields() []*string {
 	return []*string{&l.ContainerdConfig, &l.ContainerdCerts, &l.ContainerdSocket, &l.ContainerdRoot,
-		&l.ContainerdState, &l.CNIBinDir, &l.CNIConfDir, &l.CNITemplate, &l.LayerShare, &l.SnapshotterSocket, &l.SnapshotterRoot, &l.KubeletRoot, &l.KubeletConfig, &l.ProxyConfig,
+		&l.ContainerdState, &l.CNIBinDir, &l.CNIConfDir, &l.CNITemplate, &l.SandboxImageArchive, &l.LayerShare, &l.SnapshotterSocket, &l.SnapshotterRoot, &l.KubeletRoot, &l.KubeletConfig, &l.ProxyConfig,
 		&l.KubeletCertDir, &l.KubeletServingCert, &l.KubeletServingKey, &l.Kubeconfig, &l.BootstrapKubeconfig, &l.CACert, &l.ClientCACert, &l.ResolvConf, &l.Hosts,
 		&l.Hostname, &l.MachineID}
 }

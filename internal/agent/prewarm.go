@@ -149,8 +149,9 @@ func prewarm(ctx context.Context, cmds []prewarmCommand) (n int, failed []string
 	return n, failed
 }
 
-// startPrewarm runs prewarm in the background while a warm-pool VM waits; the returned
-// func is called at the claim and waits for it to stop.
+// startPrewarm imports the sandbox image (importSandboxImage), then runs prewarm, in the
+// background while a warm-pool VM waits; the returned func is called at the claim and
+// waits for it to stop.
 func (a *Agent) startPrewarm(ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -162,6 +163,7 @@ func (a *Agent) startPrewarm(ctx context.Context) (stop func()) {
 	cmds := prewarmCommands(a.Layout.CNIBinDir, bundle, exec.LookPath)
 	go func() {
 		defer close(done)
+		a.importSandboxImage(ctx)
 		t0 := time.Now()
 		n, failed := prewarm(ctx, cmds)
 		a.Log.Info("warm-pool VM: ran the programs a Pod start runs", "ran", n, "of", len(cmds), "failed", len(failed),

@@ -24,6 +24,7 @@ import (
 	"k8s.io/component-base/version"
 
 	"github.com/socialweb-computer/socialweb/internal/atomicfile"
+	"github.com/socialweb-computer/socialweb/internal/boottimeline"
 	"github.com/socialweb-computer/socialweb/internal/identity"
 )
 
@@ -697,7 +698,18 @@ func stepContainerdReady(ctx context.Context, a *Agent) error {
 	a.mu.Lock()
 	end := a.containerdEnd
 	a.mu.Unlock()
-	return waitSocket(ctx, a.Layout.ContainerdSocket, 2*time.Minute, end)
+	if err := waitSocket(ctx, a.Layout.ContainerdSocket, 2*time.Minute, end); err != nil {
+		return err
+	}
+	// Before the kubelet: a warm-pool VM has done it while it waited.
+	a.importSandboxImage(ctx)
+	a.mu.Lock()
+	at := a.sandboxImportedAt
+	a.mu.Unlock()
+	if at > 0 {
+		a.boot.Set(boottimeline.StepSandboxImage, at)
+	}
+	return nil
 }
 
 // ---- kubelet ----

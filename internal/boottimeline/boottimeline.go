@@ -34,6 +34,10 @@ const (
 	StepIdentityWait = "identity-wait"
 )
 
+// StepSandboxImage is when the agent had imported the sandbox image its node image
+// carries (before its claim, on a warm-pool VM). Absent, the first sandbox pulls it.
+const StepSandboxImage = "sandbox-image"
+
 // maxLen bounds what Parse accepts: a timeline is a few hundred bytes, and the
 // annotation is the tenant's to write.
 const maxLen = 4 << 10

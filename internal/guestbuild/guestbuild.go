@@ -40,6 +40,10 @@ const (
 	GuestAgent      = "/usr/local/bin/socialweb-node"
 	GuestContainerd = "/usr/local/bin/containerd"
 	GuestShim       = "/usr/local/bin/containerd-shim-runc-v2"
+	// GuestSandboxImage is the sandbox (pause) image's OCI layout tar, which the
+	// agent imports into containerd before the kubelet runs (agent.Layout's
+	// SandboxImageArchive).
+	GuestSandboxImage = "/usr/local/share/socialweb/sandbox-image.oci.tar"
 )
 
 // DefaultContainerdVersion is the containerd release Containerd builds.

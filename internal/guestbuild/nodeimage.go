@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/socialweb-computer/socialweb/internal/filelock"
+	"github.com/socialweb-computer/socialweb/internal/images"
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 )
 
@@ -18,7 +19,7 @@ func AgentSpecDefaults() nodeimage.Spec {
 }
 
 // NodeImage builds the guest programs (the agent from this source tree, containerd
-// containerdVersion) and then the node image that carries them, through
+// containerdVersion) and the sandbox image, and then the node image that carries them, through
 // nodeimage.Ensure with opts. The programs are part of the image's fingerprint, so a
 // change to the agent's source makes a new image. Builds are cached under
 // <cache>/guestbuild, where <cache> is opts.CacheDir or nodeimage.DefaultCacheDir().
@@ -45,12 +46,19 @@ func (b Builder) NodeImage(ctx context.Context, spec nodeimage.Spec, opts nodeim
 	if err != nil {
 		return nodeimage.Result{}, fmt.Errorf("building containerd %s: %w", containerdVersion, err)
 	}
+	// The same build of the pause image as the host registry serves: a node that has
+	// it need not pull it for its first sandbox.
+	pause, _, err := images.Build(ctx, images.Pause, images.Options{Go: b.Go})
+	if err != nil {
+		return nodeimage.Result{}, fmt.Errorf("building the sandbox image: %w", err)
+	}
 	extra := maps.Clone(opts.ExtraFiles)
 	if extra == nil {
 		extra = map[string]string{}
 	}
 	maps.Copy(extra, ctrd.ExtraFiles())
 	extra[GuestAgent] = agent
+	extra[GuestSandboxImage] = pause
 	opts.ExtraFiles = extra
 	return nodeimage.Ensure(ctx, spec, opts)
 }

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/socialweb-computer/socialweb/internal/boottimeline"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 )
 
@@ -398,6 +399,21 @@ func running(pid int) bool {
 
 // oneReadyNode waits (5 min) until the tenant has exactly one node and it is Ready, and
 // returns it.
+// nodeBootTimeline is the boot timeline node's agent published on its Node.
+func nodeBootTimeline(t *testing.T, ctx context.Context, k kubernetes.Interface, node string) boottimeline.Timeline {
+	t.Helper()
+	var tl boottimeline.Timeline
+	livetest.Eventually(t, time.Minute, time.Second, "node "+node+"'s boot timeline", func() bool {
+		n, err := k.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		tl, err = boottimeline.Parse(n.Annotations[boottimeline.Annotation])
+		return err == nil && len(tl) > 0
+	})
+	return tl
+}
+
 func oneReadyNode(t *testing.T, ctx context.Context, k kubernetes.Interface) corev1.Node {
 	t.Helper()
 	var node corev1.Node

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/boottimeline"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 )
@@ -163,6 +164,11 @@ func TestFourStepProof(t *testing.T) {
 	}
 	if !strings.HasPrefix(node.Name, "proof-") {
 		t.Errorf("step 5: node name %q, want proof-<unique>", node.Name)
+	}
+	// It imported the sandbox image its node image carries before the kubelet ran.
+	if tl := nodeBootTimeline(t, ctx, k, node.Name); tl[boottimeline.StepSandboxImage] <= 0 || tl[boottimeline.StepSandboxImage] > tl["kubelet"] {
+		t.Errorf("step 5: boot timeline %v: want %s (the sandbox image imported from the node image) before the kubelet",
+			tl, boottimeline.StepSandboxImage)
 	}
 	// Its container storage is its own 4 GiB data disk, and the kubelet reports that.
 	eph := node.Status.Capacity[corev1.ResourceEphemeralStorage]
