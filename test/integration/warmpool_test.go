@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,10 +24,11 @@ import (
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/boottimeline"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
+	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
 )
 
 // TestWarmPoolNode: serve --warm-pool 1 boots one node VM for no cluster, which waits
-// for its identity; a cluster's first Pod then gets that VM as its node (claimed, not
+// for its identity at a lower CPU priority than nodes; a cluster's first Pod then gets that VM as its node (claimed, not
 // booted): it joins with its providerID, having imported the sandbox image before the
 // claim, goes Ready, runs the Pod, and logs, exec, pod to
 // pod, a Service and cluster DNS work as on a node booted for it. The pool refills; once
@@ -82,6 +84,19 @@ func TestWarmPoolNode(t *testing.T) {
 		t.Fatalf("step 1: pool VMs %v, qemus %v; want one pool VM and nothing else", pool, qemusOf(d.stateDir))
 	}
 	t.Logf("warm pool VM %s ready %s after serve started", pool[0], time.Since(t0).Round(time.Millisecond))
+	// It waits at a lower CPU priority than nodes (every qemu thread), until claimed.
+	poolPID := qemusOf(d.stateDir)[0]
+	nicesOf := func(pid int) []int {
+		n, err := qemu.ThreadNices(pid)
+		if err != nil {
+			t.Fatalf("nice values of qemu %d: %v", pid, err)
+		}
+		return slices.Sorted(maps.Values(n))
+	}
+	livetest.Eventually(t, 10*time.Second, time.Second, "the pool VM's qemu threads at nice 10", func() bool {
+		n := nicesOf(poolPID)
+		return n[0] == qemu.PoolNice && n[len(n)-1] == qemu.PoolNice
+	})
 	if mem := metric("socialweb_warm_pool_memory_bytes"); mem < 1<<30 {
 		t.Errorf("step 1: warm pool memory %v bytes; want at least the 1 GiB guest", mem)
 	}
@@ -131,6 +146,9 @@ func TestWarmPoolNode(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(d.stateDir, "nodes", pool[0])); !os.IsNotExist(err) {
 		t.Errorf("step 2: the claimed pool VM's directory is still there: %v", err)
+	}
+	if n := nicesOf(poolPID); n[0] != 0 || n[len(n)-1] != 0 {
+		t.Errorf("step 2: the claimed VM's qemu threads have nice values %v, want 0 (a node's priority)", n)
 	}
 	if !slices.Contains(vmNamesOf(d.stateDir), pool[0]) {
 		t.Errorf("step 2: the pool VM's qemu (guest=%s) is gone: %v; the node was booted, not claimed", pool[0], vmNamesOf(d.stateDir))
