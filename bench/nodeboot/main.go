@@ -164,6 +164,19 @@ func main() {
 		_ = daemon.Wait()
 	}
 	defer stop()
+	// From here a fatal error stops the daemon and takes down what it ran (node VMs,
+	// pool VMs, networks): log.Fatal skips the deferred cleanup, and a run that timed
+	// out left a daemon and ten VMs behind.
+	fatalf := func(format string, args ...any) {
+		stop()
+		if out, err := exec.Command(*bin, "down", "--state-dir", state).CombinedOutput(); err != nil {
+			slog.Warn("down after a failed run", "err", err, "out", string(out))
+		}
+		if !*keep {
+			os.RemoveAll(state)
+		}
+		log.Fatalf(format, args...)
+	}
 	cli := func(args ...string) (string, error) {
 		out, err := exec.Command(*bin, append(args, "--state-dir", state)...).CombinedOutput()
 		return string(out), err
@@ -173,22 +186,21 @@ func main() {
 			break
 		}
 		if time.Now().After(deadline) {
-			log.Fatal("the daemon did not come up; see its log")
+			fatalf("the daemon did not come up; see its log")
 		}
 	}
 	if out, err := cli("cluster", "create", "boot", "--wait", "--hold", "5s", "--max-nodes", strconv.Itoa(*pods),
 		"--node-cpus", "1", "--node-memory", *memory); err != nil {
-		stop()
-		log.Fatalf("cluster create: %v\n%s", err, out)
+		fatalf("cluster create: %v\n%s", err, out)
 	}
 	defer cli("cluster", "delete", "boot", "--wait")
 	kc, err := cli("cluster", "kubeconfig", "boot")
 	if err != nil {
-		log.Fatal(kc)
+		fatalf("%v", kc)
 	}
 	cfg, err := clientcmd.RESTConfigFromKubeConfig([]byte(kc))
 	if err != nil {
-		log.Fatal(err)
+		fatalf("%v", err)
 	}
 	k := kubernetes.NewForConfigOrDie(cfg)
 	ctx := context.Background()
@@ -223,23 +235,23 @@ func main() {
 		var claims0 map[string]float64
 		if *warmPool > 0 {
 			if claims0, err = waitWarmPool(ctx, metricsURL, min(*warmPool, *pods), *warmTimeout); err != nil {
-				log.Fatalf("run %d: %v", i, err)
+				fatalf("run %d: %v", i, err)
 			}
 			select {
 			case <-time.After(*warmSettle):
 			case <-ctx.Done():
-				log.Fatalf("run %d: %v", i, ctx.Err())
+				fatalf("run %d: %v", i, ctx.Err())
 			}
 		}
 		r, err := measure(ctx, k, state, i, *pods, shape, *timeout)
 		if err != nil {
-			log.Fatalf("run %d: %v", i, err)
+			fatalf("run %d: %v", i, err)
 		}
 		if *warmPool > 0 {
 			// Once the run's nodes are gone: nothing claims between their creation and here.
 			claims1, err := scrapeMetrics(ctx, metricsURL)
 			if err != nil {
-				log.Fatalf("run %d: %v", i, err)
+				fatalf("run %d: %v", i, err)
 			}
 			d := func(result string) int {
 				key := claimsMetric + `{result="` + result + `"}`
