@@ -26,6 +26,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/clusterdns"
 	"github.com/socialweb-computer/socialweb/internal/identity"
 	"github.com/socialweb-computer/socialweb/internal/nodehealth"
+	"github.com/socialweb-computer/socialweb/internal/procnice"
 )
 
 // ProxyConfig is the kube-proxy configuration file (KubeProxyConfiguration YAML): iptables
@@ -91,14 +92,19 @@ func stepProxy(ctx context.Context, a *Agent) error {
 	return nil
 }
 
-// ProxyNice is kube-proxy's nice value. It starts as the node's first Pod does, and on a
-// one-vCPU TCG node its start (seconds of the vCPU) took turns with the sandbox's CNI
-// and runc; the Pod's start comes first, the Service rules follow.
-const ProxyNice = 10
+// ProxyNice is kube-proxy's nice value for its first ProxyNiceFor. It starts as the node's
+// first Pod does, and on a one-vCPU TCG node its start (seconds of the vCPU) took turns
+// with the sandbox's CNI and runc; the Pod's start comes first, the Service rules follow.
+// After that it runs at 0, so a build that keeps the vCPU busy does not hold Service
+// updates back (five busy nodes in CI took minutes longer to reach their Services).
+const (
+	ProxyNice    = 10
+	ProxyNiceFor = 30 * time.Second
+)
 
 // proxyArgv is the command line of kube-proxy: this binary (self) as ProxyCommand,
 // through nice(1) at ProxyNice when the node has it, so that every thread of it has
-// that priority from its start.
+// that priority from its start (ProxyMain puts them back at 0 after ProxyNiceFor).
 func proxyArgv(self, cfgFile string, lookPath func(string) (string, error)) []string {
 	argv := []string{self, ProxyCommand, "--config", cfgFile}
 	if nice, err := lookPath("nice"); err == nil {
@@ -121,6 +127,12 @@ func ProxyMain(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// Started at ProxyNice (proxyArgv); every thread back at 0 once its start is over.
+	time.AfterFunc(ProxyNiceFor, func() {
+		if err := procnice.Set(os.Getpid(), 0); err != nil {
+			fmt.Fprintln(os.Stderr, "kube-proxy: back to nice 0:", err)
+		}
+	})
 	if err := runProxy(ctx, *cfgFile); err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "kube-proxy:", err)
 		return 1

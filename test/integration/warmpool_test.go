@@ -25,6 +25,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/boottimeline"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
+	"github.com/socialweb-computer/socialweb/internal/procnice"
 )
 
 // TestWarmPoolNode: serve --warm-pool 1 boots one node VM for no cluster, which waits
@@ -87,7 +88,7 @@ func TestWarmPoolNode(t *testing.T) {
 	// It waits at a lower CPU priority than nodes (every qemu thread), until claimed.
 	poolPID := qemusOf(d.stateDir)[0]
 	nicesOf := func(pid int) []int {
-		n, err := qemu.ThreadNices(pid)
+		n, err := procnice.Threads(pid)
 		if err != nil {
 			t.Fatalf("nice values of qemu %d: %v", pid, err)
 		}

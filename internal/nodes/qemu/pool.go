@@ -19,6 +19,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/identity"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
+	"github.com/socialweb-computer/socialweb/internal/procnice"
 )
 
 // The warm pool (issue 12, item 2): Config.PoolSize VMs booted ahead of demand exactly as
@@ -292,7 +293,7 @@ func (p *Provider) poolNiceLocked(in *instance) {
 	if in.poolNiced || in.rec.Process == nil || !in.alive() {
 		return
 	}
-	if err := setNice(in.rec.Process.PID, PoolNice); err != nil {
+	if err := procnice.Set(in.rec.Process.PID, PoolNice); err != nil {
 		p.log.Warn("warm-pool VM: could not lower its CPU priority", "vm", in.rec.Request.Name, "err", err)
 		in.poolNiced = true // not again every second
 		return
@@ -466,7 +467,7 @@ func (p *Provider) claim(ctx context.Context, req nodes.NodeRequest, plan nodene
 	p.mu.Unlock()
 	if proc == nil {
 		return fail("priority", errors.New("its qemu has not started"), false)
-	} else if err := setNice(proc.PID, 0); err != nil {
+	} else if err := procnice.Set(proc.PID, 0); err != nil {
 		log.Warn("warm-pool VM: could not raise its CPU priority to a node's", "err", err)
 	}
 	id, err := p.identity(ctx, req, plan, addr, inst.rec.MAC)

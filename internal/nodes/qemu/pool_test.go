@@ -17,6 +17,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/identity"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
+	"github.com/socialweb-computer/socialweb/internal/procnice"
 )
 
 // poolShape is req()'s size: a node of it claims a pool VM.
@@ -176,7 +177,7 @@ func TestPoolClaim(t *testing.T) {
 	// Unclaimed, it waits at a pool VM's CPU priority; claimed, it has a node's.
 	nicesAre := func(want int) func() bool {
 		return func() bool {
-			n, err := ThreadNices(pool.PID)
+			n, err := procnice.Threads(pool.PID)
 			if err != nil || len(n) == 0 {
 				return false
 			}
@@ -197,7 +198,7 @@ func TestPoolClaim(t *testing.T) {
 	}
 	t.Logf("claim took %s", time.Since(t0))
 	if !nicesAre(0)() {
-		n, _ := ThreadNices(pool.PID)
+		n, _ := procnice.Threads(pool.PID)
 		t.Errorf("the claimed node's threads have nice values %v, want 0 (a node's priority)", n)
 	}
 	if inst.State != nodes.StateRunning || inst.Cluster != "a" || inst.Name != "a-warm" || inst.ProviderID != "socialweb://a/a-warm" {
