@@ -30,8 +30,8 @@ import (
 
 // TestWarmPoolNode: serve --warm-pool 1 boots one node VM for no cluster, which waits
 // for its identity at a lower CPU priority than nodes; a cluster's first Pod then gets that VM as its node (claimed, not
-// booted): it joins with its providerID, having imported the sandbox image before the
-// claim, goes Ready, runs the Pod, and logs, exec, pod to
+// booted): it joins with its providerID, having imported the sandbox image before its
+// kubelet ran, goes Ready, runs the Pod, and logs, exec, pod to
 // pod, a Service and cluster DNS work as on a node booted for it. The pool refills; once
 // the Pod is gone the node is deleted as any node; and after the daemon stops and `down`
 // runs no qemu, virtiofsd, pool tap or node directory is left.
@@ -154,12 +154,13 @@ func TestWarmPoolNode(t *testing.T) {
 	if !slices.Contains(vmNamesOf(d.stateDir), pool[0]) {
 		t.Errorf("step 2: the pool VM's qemu (guest=%s) is gone: %v; the node was booted, not claimed", pool[0], vmNamesOf(d.stateDir))
 	}
-	// The pool VM imported the sandbox image its node image carries while it waited,
-	// so the Pod's sandbox does not pull it.
+	// The node imported the sandbox image its node image carries before its kubelet ran
+	// (a pool VM does it while it waits, unless claimed before it got to it), so the Pod's
+	// sandbox does not pull it.
 	tl := nodeBootTimeline(t, ctx, k, node.Name)
-	if at, ok := tl[boottimeline.StepSandboxImage]; !ok || at >= tl[boottimeline.StepIdentity] {
-		t.Errorf("step 2: boot timeline %v: want %s (the sandbox image imported from the node image) before %s (the claim)",
-			tl, boottimeline.StepSandboxImage, boottimeline.StepIdentity)
+	if at, ok := tl[boottimeline.StepSandboxImage]; !ok || at > tl["kubelet"] {
+		t.Errorf("step 2: boot timeline %v: want %s (the sandbox image imported from the node image) before the kubelet",
+			tl, boottimeline.StepSandboxImage)
 	}
 	logb, _ := os.ReadFile(d.logPath)
 	var claimLine string // the daemon logs JSON
