@@ -83,6 +83,7 @@ func main() {
 	runs := flag.Int("runs", 3, "boots to measure")
 	pods := flag.Int("pods", 1, "Pods per run, each on its own node")
 	memory := flag.String("memory", "1Gi", "node memory")
+	cpus := flag.Int("cpus", 1, "node vCPUs")
 	disk := flag.String("disk", "", "the daemon's --default-node-disk, each node's container-storage disk (\"\": the daemon's default, 10Gi; the host must have room for each node's whole disk, so five nodes want a smaller one)")
 	largeMiB := flag.Int("large", 0, "run a locally built image of this many MiB (0: busybox)")
 	ciShaped := flag.Bool("ci-shaped", false, "run CI-shaped Pods instead, as a GitLab Runner's kubernetes executor makes them: an init container and a helper container of a 60 MiB image, and a build container of an 80 MiB image, both from the host registry (140 MiB; -large is ignored)")
@@ -146,7 +147,7 @@ func main() {
 		metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
 		metricsURL = "http://" + metricsAddr + "/metrics"
 		daemon.Args = append(daemon.Args, "--warm-pool", strconv.Itoa(*warmPool), "--warm-pool-prewarm="+strconv.FormatBool(*prewarm),
-			"--default-node-cpus", "1", "--default-node-memory", *memory, "--metrics-address", metricsAddr)
+			"--default-node-cpus", strconv.Itoa(*cpus), "--default-node-memory", *memory, "--metrics-address", metricsAddr)
 	}
 	logf, err := os.Create(state + ".log")
 	if err != nil {
@@ -190,7 +191,7 @@ func main() {
 		}
 	}
 	if out, err := cli("cluster", "create", "boot", "--wait", "--hold", "5s", "--max-nodes", strconv.Itoa(*pods),
-		"--node-cpus", "1", "--node-memory", *memory); err != nil {
+		"--node-cpus", strconv.Itoa(*cpus), "--node-memory", *memory); err != nil {
 		fatalf("cluster create: %v\n%s", err, out)
 	}
 	defer cli("cluster", "delete", "boot", "--wait")
@@ -223,7 +224,7 @@ func main() {
 	if *warmPool > 0 {
 		warm = fmt.Sprintf(", warm pool %d (claimed nodes marked warm)", *warmPool)
 	}
-	fmt.Printf("%d Pod(s) per run, node size 1 vCPU / %s, %s, %s, %s, shared layers %v%s\n\n", *pods, *memory, accel, cache, shape, *shared, warm)
+	fmt.Printf("%d Pod(s) per run, node size %d vCPU / %s, %s, %s, %s, shared layers %v%s\n\n", *pods, *cpus, *memory, accel, cache, shape, *shared, warm)
 	fmt.Printf("| run | node | Pod->VMM start | kernel init (guest) | agent up (guest) | Pod->registered | Pod->Node Ready | Pod->Pod Running | image pull | qemu RSS | idle qemu CPU |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	var rows [][]float64
 	var summary []string

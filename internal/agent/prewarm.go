@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -26,9 +27,10 @@ func prewarmCNIPlugins() []string { return []string{"loopback", "bridge", "host-
 
 // prewarmCommand is one program run by prewarm.
 type prewarmCommand struct {
-	path string
-	args []string
-	env  []string
+	path  string
+	args  []string
+	env   []string
+	stdin string
 }
 
 // prewarmCommands lists what prewarm runs: the programs that exist of runc, the shim
@@ -52,6 +54,7 @@ func prewarmCommands(cniBinDir, bundle string, lookPath func(string) (string, er
 			out = append(out, prewarmCommand{path: p, env: []string{"CNI_COMMAND=VERSION"}})
 		}
 	}
+	out = append(out, prewarmNetworkCommands(cniBinDir, lookPath)...)
 	if runcErr == nil && bundle != "" {
 		root := []string{"--root", filepath.Join(bundle, "state")}
 		out = append(out,
@@ -64,6 +67,70 @@ func prewarmCommands(cniBinDir, bundle string, lookPath func(string) (string, er
 
 // prewarmContainer is the throwaway container's id.
 const prewarmContainer = "socialweb-prewarm"
+
+// The throwaway sandbox network: its namespace, the bridge it hangs off (not the
+// conflist's: that one is made, with its gateway address, by the node's first Pod), and
+// a link-local /29 whose host-local leases live under /run.
+const (
+	prewarmNetns   = "socialweb-prewarm"
+	prewarmBridge  = "swprewarm0"
+	prewarmSubnet  = "169.254.123.0/29"
+	prewarmIPAMDir = "/run/socialweb-prewarm/ipam"
+)
+
+// prewarmBridgeConf is the bridge plugin's configuration for the throwaway sandbox:
+// the conflist's (CNITemplate) but for the bridge, the subnet and where leases go, with
+// masquerade on so the plugin's iptables paths run too.
+func prewarmBridgeConf() string {
+	return `{"cniVersion":"1.0.0","name":"` + prewarmNetns + `","type":"bridge","bridge":"` + prewarmBridge +
+		`","isGateway":true,"ipMasq":true,"hairpinMode":true,"ipam":{"type":"host-local","ranges":[[{"subnet":"` +
+		prewarmSubnet + `"}]],"dataDir":"` + prewarmIPAMDir + `"}}`
+}
+
+// prewarmNetworkCommands sets up and tears down one sandbox's network the way
+// containerd's CRI does (loopback, then the bridge plugin with host-local IPAM, ADD then
+// DEL) in a namespace of its own, then removes the bridge and the namespace: a CNI
+// plugin's VERSION runs only its start, and the sandbox network was 2.6-3.4 s of a warm
+// start (docs/benchmarks.md). Nothing is left: the last three are also
+// prewarmNetworkUndo.
+func prewarmNetworkCommands(cniBinDir string, lookPath func(string) (string, error)) []prewarmCommand {
+	ip, err := lookPath("ip")
+	if err != nil {
+		return nil
+	}
+	loopback, bridge := filepath.Join(cniBinDir, "loopback"), filepath.Join(cniBinDir, "bridge")
+	for _, p := range []string{loopback, bridge, filepath.Join(cniBinDir, "host-local")} {
+		if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() {
+			return nil
+		}
+	}
+	cni := func(plugin, command, ifname, conf string) prewarmCommand {
+		return prewarmCommand{path: plugin, stdin: conf, env: []string{
+			"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + prewarmContainer,
+			"CNI_NETNS=/run/netns/" + prewarmNetns, "CNI_IFNAME=" + ifname, "CNI_PATH=" + cniBinDir,
+		}}
+	}
+	lo := `{"cniVersion":"1.0.0","name":"` + prewarmNetns + `-lo","type":"loopback"}`
+	return append([]prewarmCommand{
+		{path: ip, args: []string{"netns", "add", prewarmNetns}},
+		cni(loopback, "ADD", "lo", lo),
+		cni(bridge, "ADD", "eth0", prewarmBridgeConf()),
+		cni(loopback, "DEL", "lo", lo),
+	}, prewarmNetworkUndo(ip, cniBinDir)...)
+}
+
+// prewarmNetworkUndo tears the throwaway sandbox network down, whatever part of it was
+// set up: a claim can stop prewarm between any two steps.
+func prewarmNetworkUndo(ip, cniBinDir string) []prewarmCommand {
+	return []prewarmCommand{
+		{path: filepath.Join(cniBinDir, "bridge"), stdin: prewarmBridgeConf(), env: []string{
+			"CNI_COMMAND=DEL", "CNI_CONTAINERID=" + prewarmContainer,
+			"CNI_NETNS=/run/netns/" + prewarmNetns, "CNI_IFNAME=eth0", "CNI_PATH=" + cniBinDir,
+		}},
+		{path: ip, args: []string{"link", "delete", prewarmBridge}},
+		{path: ip, args: []string{"netns", "delete", prewarmNetns}},
+	}
+}
 
 // prewarmSpec is the throwaway container: /usr/bin/true in new pid, ipc, uts and mount
 // namespaces and a cgroup of its own, on a read-only root that has only the node's /usr
@@ -122,6 +189,9 @@ func prewarm(ctx context.Context, cmds []prewarmCommand) (n int, failed []string
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		cmd := exec.CommandContext(cctx, c.path, c.args...)
 		cmd.Env = append(os.Environ(), c.env...)
+		if c.stdin != "" {
+			cmd.Stdin = strings.NewReader(c.stdin)
+		}
 		// Output to a file, not a pipe: the container runc create leaves waiting for
 		// its start holds runc's stdio open.
 		out, _ := os.CreateTemp("", "prewarm-*")
@@ -171,14 +241,18 @@ func (a *Agent) startPrewarm(ctx context.Context) (stop func()) {
 		for _, f := range failed {
 			a.Log.Warn("warm-pool VM: prewarm step failed", "step", f)
 		}
-		if n < len(cmds) && bundle != "" {
+		if n < len(cmds) {
 			// Claimed midway: a created container's init would wait for its start
-			// forever. Its delete runs beside the node's start, not before it.
-			if runc, err := exec.LookPath("runc"); err == nil {
-				go func() {
-					_ = exec.Command(runc, "--root", filepath.Join(bundle, "state"), "delete", "--force", prewarmContainer).Run()
-				}()
+			// forever, and the throwaway network would stay. They are undone beside
+			// the node's start, not before it.
+			var undo []prewarmCommand
+			if runc, err := exec.LookPath("runc"); err == nil && bundle != "" {
+				undo = append(undo, prewarmCommand{path: runc, args: []string{"--root", filepath.Join(bundle, "state"), "delete", "--force", prewarmContainer}})
 			}
+			if ip, err := exec.LookPath("ip"); err == nil {
+				undo = append(undo, prewarmNetworkUndo(ip, a.Layout.CNIBinDir)...)
+			}
+			go prewarm(context.Background(), undo)
 		}
 	}()
 	return func() { cancel(); <-done }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -135,5 +136,98 @@ func TestPrewarmContainer(t *testing.T) {
 	}
 	if l, err := os.Readlink(filepath.Join(dir, "rootfs", "lib64")); err != nil || l != "usr/lib64" {
 		t.Errorf("rootfs/lib64 -> %q (%v), want usr/lib64", l, err)
+	}
+}
+
+func TestPrewarmNetwork(t *testing.T) {
+	full := t.TempDir()
+	for _, name := range []string{"loopback", "bridge", "host-local"} {
+		if err := os.WriteFile(filepath.Join(full, name), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noBridge := t.TempDir()
+	if err := os.WriteFile(filepath.Join(noBridge, "loopback"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	withIP := func(name string) (string, error) {
+		if name == "ip" {
+			return "/usr/sbin/ip", nil
+		}
+		return "", errors.New("not found")
+	}
+	noIP := func(string) (string, error) { return "", errors.New("not found") }
+	// step is what one command does, as "prog CNI_COMMAND ifname" or "prog args".
+	step := func(c prewarmCommand) string {
+		s := filepath.Base(c.path)
+		for _, e := range c.env {
+			if v, ok := strings.CutPrefix(e, "CNI_COMMAND="); ok {
+				s += " " + v
+			}
+			if v, ok := strings.CutPrefix(e, "CNI_IFNAME="); ok {
+				s += " " + v
+			}
+		}
+		return strings.Join(append([]string{s}, c.args...), " ")
+	}
+	tests := []struct {
+		name string
+		dir  string
+		look func(string) (string, error)
+		want []string
+	}{
+		{"a sandbox's network up and down, then nothing left", full, withIP, []string{
+			"ip netns add " + prewarmNetns, "loopback ADD lo", "bridge ADD eth0", "loopback DEL lo",
+			"bridge DEL eth0", "ip link delete " + prewarmBridge, "ip netns delete " + prewarmNetns,
+		}},
+		{"no ip to make a namespace with", full, noIP, nil},
+		{"no bridge plugin", noBridge, withIP, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			for _, c := range prewarmNetworkCommands(tt.dir, tt.look) {
+				got = append(got, step(c))
+				if strings.Contains(step(c), " ADD") || strings.Contains(step(c), " DEL") {
+					if !slices.Contains(c.env, "CNI_NETNS=/run/netns/"+prewarmNetns) || !slices.Contains(c.env, "CNI_PATH="+tt.dir) {
+						t.Errorf("%s: env %v, want the throwaway namespace and CNI_PATH=%s", step(c), c.env, tt.dir)
+					}
+					var conf map[string]any
+					if err := json.Unmarshal([]byte(c.stdin), &conf); err != nil {
+						t.Errorf("%s: stdin is not a CNI configuration: %v: %s", step(c), err, c.stdin)
+					}
+				}
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("steps\n%q\nwant\n%q", got, tt.want)
+			}
+		})
+	}
+
+	// The bridge is never the node's, and the leases stay off the node's CNI state.
+	var conf struct {
+		Bridge string `json:"bridge"`
+		IPMasq bool   `json:"ipMasq"`
+		IPAM   struct {
+			Type    string                `json:"type"`
+			DataDir string                `json:"dataDir"`
+			Ranges  [][]map[string]string `json:"ranges"`
+		} `json:"ipam"`
+	}
+	if err := json.Unmarshal([]byte(prewarmBridgeConf()), &conf); err != nil {
+		t.Fatal(err)
+	}
+	if conf.Bridge == "cni0" || conf.Bridge == "" || !conf.IPMasq || conf.IPAM.Type != "host-local" ||
+		!strings.HasPrefix(conf.IPAM.DataDir, "/run/") || conf.IPAM.Ranges[0][0]["subnet"] != prewarmSubnet {
+		t.Errorf("throwaway bridge configuration %+v", conf)
+	}
+}
+
+func TestPrewarmFeedsStdin(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "got")
+	n, failed := prewarm(context.Background(), []prewarmCommand{{path: "/bin/sh", args: []string{"-c", "cat > " + out}, stdin: `{"type":"bridge"}`}})
+	if b, err := os.ReadFile(out); n != 1 || len(failed) != 0 || err != nil || string(b) != `{"type":"bridge"}` {
+		t.Errorf("ran %d, failed %q; the command read %q (%v), want the configuration", n, failed, b, err)
 	}
 }

@@ -192,6 +192,16 @@ func TestWarmPoolNode(t *testing.T) {
 	if err != nil || !strings.Contains(stdout, "exec-ok") || !strings.Contains(stdout, "httpd") {
 		t.Errorf("step 3: exec: %q, %v", stdout, err)
 	}
+	// What the pool VM ran while it waited (the programs of a Pod start, a throwaway
+	// sandbox network and container) failed nowhere, whether it finished or was claimed.
+	if con, err := os.ReadFile(filepath.Join(d.stateDir, "nodes", node.Name, "console.log")); err != nil {
+		t.Errorf("step 3: the node's console: %v", err)
+	} else if ran := grepLines(string(con), "warm-pool VM: ran the programs"); ran == "" || !strings.Contains(ran, "failed=0") ||
+		strings.Contains(string(con), "prewarm step failed") {
+		t.Errorf("step 3: the pool VM's prewarm: %q, want it run with failed=0:\n%s", ran, grepLines(string(con), "prewarm", "warm-pool VM"))
+	} else {
+		t.Logf("prewarm: %s", strings.TrimSpace(ran))
+	}
 	t.Logf("from Pod create: node Ready %s, Pod Running %s (the node was claimed from the pool)",
 		tReady.Round(time.Millisecond), tRunning.Round(time.Millisecond))
 
