@@ -9,6 +9,8 @@
 //	socialweb-node [-identity /dev/vdb]   run as the node agent (PID 1)
 //	socialweb-node -version               print the version
 //	socialweb-node kube-proxy --config F  run kube-proxy (the agent starts it as a child)
+//	socialweb-node kubelet-rehearsal --root D  run a standalone kubelet for a few seconds
+//	                                  (a warm-pool VM's agent starts it as a child)
 package main
 
 import (
@@ -25,6 +27,9 @@ import (
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == agent.ProxyCommand {
 		os.Exit(agent.ProxyMain(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == agent.KubeletRehearsalCommand {
+		os.Exit(agent.KubeletRehearsalMain(os.Args[2:]))
 	}
 	cfg := agent.DefaultConfig()
 	flag.StringVar(&cfg.IdentityDevice, "identity", cfg.IdentityDevice, "identity disk (the kernel command line's socialweb.identity= wins)")

@@ -231,6 +231,11 @@ func (a *Agent) startPrewarm(ctx context.Context) (stop func()) {
 		bundle = ""
 	}
 	cmds := prewarmCommands(a.Layout.CNIBinDir, bundle, exec.LookPath)
+	// Last, the costliest: the kubelet's own start (rehearsal.go).
+	if self, err := os.Executable(); err == nil {
+		argv := kubeletRehearsalArgv(self, kubeletRehearsalRoot, kubeletRehearsalFor)
+		cmds = append(cmds, prewarmCommand{path: argv[0], args: argv[1:]})
+	}
 	go func() {
 		defer close(done)
 		a.importSandboxImage(ctx)
@@ -252,7 +257,12 @@ func (a *Agent) startPrewarm(ctx context.Context) (stop func()) {
 			if ip, err := exec.LookPath("ip"); err == nil {
 				undo = append(undo, prewarmNetworkUndo(ip, a.Layout.CNIBinDir)...)
 			}
-			go prewarm(context.Background(), undo)
+			go func() {
+				prewarm(context.Background(), undo)
+				_ = os.RemoveAll(kubeletRehearsalRoot)
+			}()
+		} else {
+			_ = os.RemoveAll(kubeletRehearsalRoot)
 		}
 	}()
 	return func() { cancel(); <-done }
