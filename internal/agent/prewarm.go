@@ -186,7 +186,7 @@ func prewarm(ctx context.Context, cmds []prewarmCommand) (n int, failed []string
 		if ctx.Err() != nil {
 			break
 		}
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
 		cmd := exec.CommandContext(cctx, c.path, c.args...)
 		cmd.Env = append(os.Environ(), c.env...)
 		if c.stdin != "" {
@@ -233,7 +233,7 @@ func (a *Agent) startPrewarm(ctx context.Context) (stop func()) {
 	cmds := prewarmCommands(a.Layout.CNIBinDir, bundle, exec.LookPath)
 	// Last, the costliest: the kubelet's own start (rehearsal.go).
 	if self, err := os.Executable(); err == nil {
-		argv := kubeletRehearsalArgv(self, kubeletRehearsalRoot, kubeletRehearsalFor)
+		argv := kubeletRehearsalArgv(self, kubeletRehearsalRoot, a.Config.SandboxImage, kubeletRehearsalFor)
 		cmds = append(cmds, prewarmCommand{path: argv[0], args: argv[1:]})
 	}
 	go func() {
@@ -260,6 +260,13 @@ func (a *Agent) startPrewarm(ctx context.Context) (stop func()) {
 			go func() {
 				prewarm(context.Background(), undo)
 				_ = os.RemoveAll(kubeletRehearsalRoot)
+				// A rehearsal killed midway leaves its Pod in containerd.
+				if cri, closeCRI, err := criClient(a.Layout.ContainerdSocket); err == nil {
+					if err := removeRehearsalPod(cri); err != nil {
+						a.Log.Warn("warm-pool VM: removing the rehearsal Pod after the claim", "err", err)
+					}
+					closeCRI()
+				}
 			}()
 		} else {
 			_ = os.RemoveAll(kubeletRehearsalRoot)

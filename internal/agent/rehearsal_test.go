@@ -34,8 +34,8 @@ func TestRehearsalKubelet(t *testing.T) {
 	if s.EnableServer || s.HealthzPort != 0 || s.ReadOnlyPort != 0 {
 		t.Errorf("server %v, healthz port %d, read-only port %d: the rehearsal must listen on nothing", s.EnableServer, s.HealthzPort, s.ReadOnlyPort)
 	}
-	if s.PodCIDR != "" || s.StaticPodPath != "" || s.StaticPodURL != "" {
-		t.Errorf("pod CIDR %q, static pods %q %q: the rehearsal runs no Pod and renders no CNI configuration", s.PodCIDR, s.StaticPodPath, s.StaticPodURL)
+	if s.PodCIDR != "" || s.StaticPodURL != "" {
+		t.Errorf("pod CIDR %q, static Pod URL %q: the rehearsal renders no CNI configuration and fetches nothing", s.PodCIDR, s.StaticPodURL)
 	}
 	// The node's runtime and cgroup settings, so the same code runs.
 	node := DefaultLayout()
@@ -53,17 +53,18 @@ func TestRehearsalKubelet(t *testing.T) {
 }
 
 func TestKubeletRehearsalArgs(t *testing.T) {
-	argv := kubeletRehearsalArgv("/usr/local/bin/socialweb-node", "/run/r", 8*time.Second)
-	if want := []string{"/usr/local/bin/socialweb-node", KubeletRehearsalCommand, "--root", "/run/r", "--for", "8s"}; !slices.Equal(argv, want) {
+	argv := kubeletRehearsalArgv("/usr/local/bin/socialweb-node", "/run/r", "registry.k8s.io/pause:3.10", 8*time.Second)
+	if want := []string{"/usr/local/bin/socialweb-node", KubeletRehearsalCommand, "--root", "/run/r", "--image", "registry.k8s.io/pause:3.10", "--for", "8s"}; !slices.Equal(argv, want) {
 		t.Errorf("argv %q, want %q", argv, want)
 	}
 	tests := []struct {
 		name string
 		args []string
 	}{
-		{"no root", []string{"--for", "1s"}},
-		{"zero time", []string{"--root", "/run/r", "--for", "0s"}},
-		{"unknown flag", []string{"--root", "/run/r", "--pods", "1"}},
+		{"no root", []string{"--image", "p", "--for", "1s"}},
+		{"no image", []string{"--root", "/run/r"}},
+		{"zero time", []string{"--root", "/run/r", "--image", "p", "--for", "0s"}},
+		{"unknown flag", []string{"--root", "/run/r", "--image", "p", "--pods", "1"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,5 +72,22 @@ func TestKubeletRehearsalArgs(t *testing.T) {
 				t.Errorf("exit code %d, want 2 (usage)", code)
 			}
 		})
+	}
+}
+
+func TestRehearsalPod(t *testing.T) {
+	p := rehearsalPod("registry.k8s.io/pause:3.10")
+	b, err := yaml.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Before the claim there is no pod CIDR (no CNI configuration) and no registry to
+	// pull from: the host's network, the imported sandbox image, never pulled.
+	if !p.Spec.HostNetwork || len(p.Spec.Containers) != 1 || p.Spec.Containers[0].ImagePullPolicy != "Never" ||
+		p.Spec.Containers[0].Image != "registry.k8s.io/pause:3.10" || p.Namespace != rehearsalNamespace {
+		t.Errorf("rehearsal Pod:\n%s", b)
+	}
+	if !strings.Contains(string(b), "kind: Pod") || !strings.Contains(string(b), "apiVersion: v1") {
+		t.Errorf("the static Pod file lacks its kind or apiVersion:\n%s", b)
 	}
 }
