@@ -9,8 +9,9 @@
 //	socialweb-node [-identity /dev/vdb]   run as the node agent (PID 1)
 //	socialweb-node -version               print the version
 //	socialweb-node kube-proxy --config F  run kube-proxy (the agent starts it as a child)
-//	socialweb-node kubelet-rehearsal --root D  run a standalone kubelet for a few seconds
-//	                                  (a warm-pool VM's agent starts it as a child)
+//	socialweb-node kubelet-rehearsal --root D --image REF  run a standalone kubelet with one
+//	                                  throwaway Pod, then remove it (a warm-pool VM's agent
+//	                                  starts it as a child)
 package main
 
 import (

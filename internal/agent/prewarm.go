@@ -104,29 +104,28 @@ func prewarmNetworkCommands(cniBinDir string, lookPath func(string) (string, err
 			return nil
 		}
 	}
-	cni := func(plugin, command, ifname, conf string) prewarmCommand {
-		return prewarmCommand{path: plugin, stdin: conf, env: []string{
-			"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + prewarmContainer,
-			"CNI_NETNS=/run/netns/" + prewarmNetns, "CNI_IFNAME=" + ifname, "CNI_PATH=" + cniBinDir,
-		}}
-	}
 	lo := `{"cniVersion":"1.0.0","name":"` + prewarmNetns + `-lo","type":"loopback"}`
 	return append([]prewarmCommand{
 		{path: ip, args: []string{"netns", "add", prewarmNetns}},
-		cni(loopback, "ADD", "lo", lo),
-		cni(bridge, "ADD", "eth0", prewarmBridgeConf()),
-		cni(loopback, "DEL", "lo", lo),
+		prewarmCNI(cniBinDir, loopback, "ADD", "lo", lo),
+		prewarmCNI(cniBinDir, bridge, "ADD", "eth0", prewarmBridgeConf()),
+		prewarmCNI(cniBinDir, loopback, "DEL", "lo", lo),
 	}, prewarmNetworkUndo(ip, cniBinDir)...)
+}
+
+// prewarmCNI is one CNI plugin call on the throwaway sandbox's namespace.
+func prewarmCNI(cniBinDir, plugin, command, ifname, conf string) prewarmCommand {
+	return prewarmCommand{path: plugin, stdin: conf, env: []string{
+		"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + prewarmContainer,
+		"CNI_NETNS=/run/netns/" + prewarmNetns, "CNI_IFNAME=" + ifname, "CNI_PATH=" + cniBinDir,
+	}}
 }
 
 // prewarmNetworkUndo tears the throwaway sandbox network down, whatever part of it was
 // set up: a claim can stop prewarm between any two steps.
 func prewarmNetworkUndo(ip, cniBinDir string) []prewarmCommand {
 	return []prewarmCommand{
-		{path: filepath.Join(cniBinDir, "bridge"), stdin: prewarmBridgeConf(), env: []string{
-			"CNI_COMMAND=DEL", "CNI_CONTAINERID=" + prewarmContainer,
-			"CNI_NETNS=/run/netns/" + prewarmNetns, "CNI_IFNAME=eth0", "CNI_PATH=" + cniBinDir,
-		}},
+		prewarmCNI(cniBinDir, filepath.Join(cniBinDir, "bridge"), "DEL", "eth0", prewarmBridgeConf()),
 		{path: ip, args: []string{"link", "delete", prewarmBridge}},
 		{path: ip, args: []string{"netns", "delete", prewarmNetns}},
 	}
@@ -231,7 +230,7 @@ func (a *Agent) startPrewarm(ctx context.Context) (stop func()) {
 		bundle = ""
 	}
 	cmds := prewarmCommands(a.Layout.CNIBinDir, bundle, exec.LookPath)
-	// Last, the costliest: the kubelet's own start (rehearsal.go).
+	// Last, the costliest: the kubelet's start and a Pod through it (rehearsal.go).
 	if self, err := os.Executable(); err == nil {
 		argv := kubeletRehearsalArgv(self, kubeletRehearsalRoot, a.Config.SandboxImage, kubeletRehearsalFor)
 		cmds = append(cmds, prewarmCommand{path: argv[0], args: argv[1:]})
