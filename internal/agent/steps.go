@@ -134,6 +134,16 @@ func DataDirs(l Layout) map[string]string {
 	return map[string]string{"containerd": l.ContainerdRoot, "kubelet": l.KubeletRoot, "pod-logs": "/var/log/pods"}
 }
 
+// DataMountOptions mount the data disk. discard: space freed there (deleted layers,
+// evicted Pods) goes back to the host's sparse file at once. resuid, resgid: the disk's
+// reserved blocks belong to no Pod's user (root included, which ext4 would otherwise
+// let in), so only CAP_SYS_RESOURCE holders, containerd and the kubelet, write into
+// the reserve once a Pod has filled the rest.
+const DataMountOptions = "discard,resuid=" + reserveOwner + ",resgid=" + reserveOwner
+
+// reserveOwner is a uid and gid no Pod is expected to run as (ext4's default is 0).
+const reserveOwner = "2147483646"
+
 // stepDataDisk mounts the node's data disk (the host formats it: a sparse file with ext4)
 // and binds DataDirs from it, before containerd and the kubelet first write there. A
 // node without one keeps that storage in its root disk.
@@ -146,9 +156,7 @@ func stepDataDisk(ctx context.Context, a *Agent) error {
 	if err := os.MkdirAll(DataMount, 0o700); err != nil {
 		return err
 	}
-	// discard: space freed here (deleted layers, evicted Pods) goes back to the host's
-	// sparse file at once.
-	if err := syscall.Mount(dev, DataMount, "ext4", syscall.MS_NOSUID|syscall.MS_NODEV, "discard"); err != nil {
+	if err := syscall.Mount(dev, DataMount, "ext4", syscall.MS_NOSUID|syscall.MS_NODEV, DataMountOptions); err != nil {
 		return fmt.Errorf("mount data disk %s on %s: %w", dev, DataMount, err)
 	}
 	for sub, target := range DataDirs(a.Config.Layout) {

@@ -328,6 +328,33 @@ func consoleNotes(stateDir string) string {
 	return b.String()
 }
 
+// consoleLines is, per node console of a daemon, its last n lines that match re.
+func consoleLines(stateDir string, re *regexp.Regexp, n int) string {
+	live, _ := filepath.Glob(filepath.Join(stateDir, "nodes", "*", "console.log"))
+	kept, _ := filepath.Glob(filepath.Join(stateDir, "nodes", "consoles", "*.log"))
+	var b strings.Builder
+	for _, f := range append(live, kept...) {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var hits []string
+		for _, l := range strings.Split(string(data), "\n") {
+			if re.MatchString(l) {
+				hits = append(hits, strings.TrimSpace(l))
+			}
+		}
+		fmt.Fprintf(&b, "%s (%d matching lines, the last %d):\n", strings.TrimPrefix(f, stateDir+"/"), len(hits), min(n, len(hits)))
+		for _, l := range hits[max(0, len(hits)-n):] {
+			if len(l) > 400 {
+				l = l[:400] + "..."
+			}
+			fmt.Fprintf(&b, "  %s\n", l)
+		}
+	}
+	return b.String()
+}
+
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {

@@ -157,12 +157,29 @@ func makeDataDisk(ctx context.Context, path string, sizeMiB int64) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	// -m 0: no blocks reserved for root; the kubelet's eviction thresholds keep the
-	// headroom. nodiscard: the file is sparse already.
-	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-L", "socialweb-data",
+	// -m: the reserve DataDiskReservePercent describes. nodiscard: the file is sparse
+	// already.
+	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", DataDiskReservePercent(sizeMiB), "-L", "socialweb-data",
 		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", path).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("mkfs.ext4 (apt-get install e2fsprogs): %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// DataDiskReservePercent is the share of a data disk (mkfs.ext4 -m) that ext4 keeps for
+// processes holding CAP_SYS_RESOURCE: 5%, at most 256 MiB. The guest mounts the disk
+// with no owner for the reserve (see agent.DataMountOptions), and Pods run without that
+// capability, so a Pod filling the disk through an emptyDir stops short of it while
+// containerd and the kubelet can still write their metadata, status and logs: the
+// kubelet's eviction thresholds alone left no headroom, because a fast writer fills the
+// disk between two of its 10 s eviction checks. (Writes to a container's own root
+// filesystem go through overlayfs with containerd's credentials, so they can reach
+// into the reserve: it delays a full disk for them rather than preventing it.)
+func DataDiskReservePercent(sizeMiB int64) string {
+	if sizeMiB <= 0 {
+		return "0"
+	}
+	reserve := min(float64(sizeMiB)*0.05, 256)
+	return strconv.FormatFloat(reserve*100/float64(sizeMiB), 'f', 3, 64)
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -78,8 +79,13 @@ func TestDataDisk(t *testing.T) {
 	if st.Size != 10<<30 || st.Blocks*512 > 256<<20 {
 		t.Errorf("data disk: %d bytes, %d allocated; want 10 GiB, sparse", st.Size, st.Blocks*512)
 	}
-	if out, err := exec.Command("dumpe2fs", "-h", disk).CombinedOutput(); err != nil || !strings.Contains(string(out), "socialweb-data") {
+	out, err := exec.Command("dumpe2fs", "-h", disk).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "socialweb-data") {
 		t.Errorf("data disk is not the labelled ext4: %v\n%s", err, out)
+	}
+	// 5% of 10 GiB is more than the cap: 256 MiB of 4 KiB blocks are reserved.
+	if m := regexp.MustCompile(`(?m)^Reserved block count:\s+(\d+)`).FindSubmatch(out); m == nil || string(m[1]) != "65536" {
+		t.Errorf("data disk reserve: %q blocks; want 65536 (256 MiB)", m)
 	}
 	l := p.launchFor(p.insts["a-disk"])
 	args := strings.Join(l.args(), " ")
@@ -98,5 +104,23 @@ func TestDataDisk(t *testing.T) {
 	}
 	if _, err := os.Stat(disk); !os.IsNotExist(err) {
 		t.Errorf("data disk left after Delete: %v", err)
+	}
+}
+
+func TestDataDiskReservePercent(t *testing.T) {
+	for _, c := range []struct {
+		sizeMiB int64
+		want    string
+	}{
+		{0, "0"},
+		{1024, "5.000"},
+		{3 << 10, "5.000"},
+		{5120, "5.000"},
+		{10 << 10, "2.500"},
+		{40 << 10, "0.625"},
+	} {
+		if got := DataDiskReservePercent(c.sizeMiB); got != c.want {
+			t.Errorf("DataDiskReservePercent(%d) = %s; want %s", c.sizeMiB, got, c.want)
+		}
 	}
 }
