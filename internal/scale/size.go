@@ -31,7 +31,8 @@ type Reserve struct {
 //     cloud kernel) and the kubelet's memory.available<100Mi, as gitlab.MemoryReserve
 //     budgets job Pods (a test keeps the two equal);
 //   - disk: 1/8 for the kubelet's nodefs.available<10% and ext4's metadata, and 2 GiB for
-//     images, which share the disk but are not in any Pod's ephemeral-storage request.
+//     images, which share the disk but are not in any Pod's ephemeral-storage request
+//     (ext4's reserve for containerd and the kubelet, at most 256 MiB, comes out of it).
 //
 // CPU has no reserve: the kubelet reserves none, so a node gives Pods every vCPU.
 func DefaultReserve() Reserve {
