@@ -294,8 +294,6 @@ var notableConsoleLine = regexp.MustCompile(`(?i:kernel panic|out of memory|oom-
 // consoleNotes is, per node console of a daemon (live nodes' and deleted nodes' kept
 // copies), its last notable lines and its last CPU report, each cut to a line's width.
 func consoleNotes(stateDir string) string {
-	live, _ := filepath.Glob(filepath.Join(stateDir, "nodes", "*", "console.log"))
-	kept, _ := filepath.Glob(filepath.Join(stateDir, "nodes", "consoles", "*.log"))
 	cut := func(l string) string {
 		if len(l) > 240 {
 			return l[:240] + "..."
@@ -303,11 +301,7 @@ func consoleNotes(stateDir string) string {
 		return l
 	}
 	var b strings.Builder
-	for _, f := range append(live, kept...) {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
+	eachConsole(stateDir, func(f string, data []byte) {
 		var notable []string
 		cpu := ""
 		for _, l := range strings.Split(string(data), "\n") {
@@ -324,20 +318,26 @@ func consoleNotes(stateDir string) string {
 				fmt.Fprintf(&b, "  %s\n", cut(strings.TrimSpace(l)))
 			}
 		}
-	}
+	})
 	return b.String()
+}
+
+// eachConsole calls f with each node console of a daemon that it can read: live nodes'
+// and deleted nodes' kept copies.
+func eachConsole(stateDir string, f func(path string, data []byte)) {
+	live, _ := filepath.Glob(filepath.Join(stateDir, "nodes", "*", "console.log"))
+	kept, _ := filepath.Glob(filepath.Join(stateDir, "nodes", "consoles", "*.log"))
+	for _, p := range append(live, kept...) {
+		if data, err := os.ReadFile(p); err == nil {
+			f(p, data)
+		}
+	}
 }
 
 // consoleLines is, per node console of a daemon, its last n lines that match re.
 func consoleLines(stateDir string, re *regexp.Regexp, n int) string {
-	live, _ := filepath.Glob(filepath.Join(stateDir, "nodes", "*", "console.log"))
-	kept, _ := filepath.Glob(filepath.Join(stateDir, "nodes", "consoles", "*.log"))
 	var b strings.Builder
-	for _, f := range append(live, kept...) {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
+	eachConsole(stateDir, func(f string, data []byte) {
 		var hits []string
 		for _, l := range strings.Split(string(data), "\n") {
 			if re.MatchString(l) {
@@ -351,7 +351,7 @@ func consoleLines(stateDir string, re *regexp.Regexp, n int) string {
 			}
 			fmt.Fprintf(&b, "  %s\n", l)
 		}
-	}
+	})
 	return b.String()
 }
 
