@@ -14,7 +14,8 @@ const maxReasonNotes = 3
 // Order matters: provisioning comes first, because a Pod that waits is the cost users
 // see; removal only considers nodes the simulation left empty, so a node that a pending
 // Pod could use is never torn down under it. A node is removed only when no workload Pod
-// has been on it for the whole hold and nothing forbids it (do-not-disrupt).
+// is on it and nothing forbids it (do-not-disrupt), and either none has been for the whole
+// hold or it has not been Ready for RepairAfter (a stalled node).
 func Decide(o Observed) (Decision, error) {
 	if err := o.validate(); err != nil {
 		return Decision{}, err
@@ -74,7 +75,9 @@ func Decide(o Observed) (Decision, error) {
 		}
 		d.IdleSince[n.name] = since
 		idle = append(idle, n)
-		if n.blocked == "" && o.Now.Sub(since) >= o.Hold {
+		// A node not Ready for RepairAfter goes without waiting out the hold: it is not
+		// capacity worth keeping, and at the cap it stands in the way of one that works.
+		if n.blocked == "" && (o.Now.Sub(since) >= o.Hold || n.notReadyFor > 0) {
 			removable = append(removable, n)
 		}
 	}
@@ -125,23 +128,40 @@ func Decide(o Observed) (Decision, error) {
 	}
 	notes = append(notes, notProvisionable(res.notProvisionable)...)
 	for _, n := range idle {
-		if n.blocked != "" && o.Now.Sub(d.IdleSince[n.name]) >= o.Hold {
+		switch {
+		case n.blocked != "" && n.notReadyFor > 0:
+			notes = append(notes, fmt.Sprintf("node %s not Ready for %s but kept: %s", n.name, fmtDur(n.notReadyFor), n.blocked))
+		case n.blocked != "" && o.Now.Sub(d.IdleSince[n.name]) >= o.Hold:
 			notes = append(notes, fmt.Sprintf("node %s idle past the hold but kept: %s", n.name, n.blocked))
 		}
 	}
 
 	switch {
-	case len(removable) > 0 && len(removable) == d.Current && intent == 0:
+	case len(removable) > 0 && len(removable) == d.Current && intent == 0 && !anyNotReady(removable):
 		// Everything is idle past the hold and nothing wants a node: back to zero.
 		d.Action, d.Target = Teardown, 0
 		d.Reason = fmt.Sprintf("nothing running for %s, past the %s hold", fmtDur(o.Now.Sub(latest(removable, d.IdleSince))), o.Hold)
 	case len(removable) > 0:
 		d.Action, d.Target = ScaleDown, d.Current-len(removable)
-		names := make([]string, len(removable))
-		for i, n := range removable {
-			names[i] = n.name
+		if d.Target == 0 && intent == 0 {
+			d.Action = Teardown
 		}
-		d.Reason = fmt.Sprintf("%s idle past the %s hold: %s", plural(len(removable), "node"), o.Hold, strings.Join(names, ", "))
+		var held, notReady []string
+		for _, n := range removable {
+			if n.notReadyFor > 0 {
+				notReady = append(notReady, fmt.Sprintf("%s (%s)", n.name, fmtDur(n.notReadyFor)))
+			} else {
+				held = append(held, n.name)
+			}
+		}
+		var parts []string
+		if len(notReady) > 0 {
+			parts = append(parts, fmt.Sprintf("%s not Ready for over %s, removed: %s", plural(len(notReady), "node"), o.RepairAfter, strings.Join(notReady, ", ")))
+		}
+		if len(held) > 0 {
+			parts = append(parts, fmt.Sprintf("%s idle past the %s hold: %s", plural(len(held), "node"), o.Hold, strings.Join(held, ", ")))
+		}
+		d.Reason = strings.Join(parts, "; ")
 	case len(idle) > 0 && hasUnblocked(idle):
 		d.Action = Hold
 		first := earliestUnblocked(idle, d.IdleSince)
@@ -189,6 +209,15 @@ func earliestUnblocked(ns []*simNode, since map[string]time.Time) time.Time {
 		}
 	}
 	return t
+}
+
+func anyNotReady(ns []*simNode) bool {
+	for _, n := range ns {
+		if n.notReadyFor > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func hasUnblocked(ns []*simNode) bool {

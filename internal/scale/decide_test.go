@@ -118,6 +118,36 @@ func TestDecide(t *testing.T) {
 			action: None, reason: "1 pod on 1 node"},
 		{name: "old not-ready node is not", o: obs(pods(pod("a")), nodes(node("n1", notReady(10*time.Minute))), func(o *Observed) { o.NotReadyGrace = time.Minute }),
 			action: Provision, target: 2, reason: "1 pod unschedulable on 1 node: need 2"},
+		// A node that stopped being Ready (a stalled guest) is removed without the hold.
+		{name: "not ready past repair-after at the cap is removed", o: obs(pods(pod("a")), nodes(node("n1", notReady(10*time.Minute))), func(o *Observed) {
+			o.RepairAfter, o.MaxNodes, o.Hold = 5*time.Minute, 1, time.Hour
+		}), action: ScaleDown, target: 0, remove: []string{"n1"}, reason: "1 node not Ready for over 5m0s, removed: n1 (10m0s); 1 pod unplaced: need 2 nodes, capped at max 1"},
+		{name: "not ready past repair-after and nothing wanted", o: obs(nodes(node("n1", notReady(3*time.Minute)), node("n2")), func(o *Observed) {
+			o.RepairAfter, o.Hold = 2*time.Minute, time.Hour
+		}), action: ScaleDown, target: 1, remove: []string{"n1"}, reason: "1 node not Ready for over 2m0s, removed: n1 (3m0s)", wantIdleOf: []string{"n1", "n2"}},
+		{name: "the only node not ready and nothing wanted tears down", o: obs(nodes(node("n1", notReady(3*time.Minute))), func(o *Observed) {
+			o.RepairAfter, o.Hold = 2*time.Minute, time.Hour
+		}), action: Teardown, target: 0, remove: []string{"n1"}, reason: "1 node not Ready for over 2m0s, removed: n1 (3m0s)"},
+		{name: "a node that never posted a status is not ready since it registered", o: obs(nodes(node("n1", func(n *corev1.Node) {
+			n.Status.Conditions = nil
+			n.CreationTimestamp = metav1.NewTime(t0.Add(-6 * time.Minute))
+		})), func(o *Observed) { o.RepairAfter = 5 * time.Minute }),
+			action: Teardown, target: 0, remove: []string{"n1"}, reason: "1 node not Ready for over 5m0s, removed: n1 (6m0s)"},
+		{name: "young not ready node stays", o: obs(pods(pod("a")), nodes(node("n1", notReady(30*time.Second))), func(o *Observed) {
+			o.NotReadyGrace, o.RepairAfter, o.MaxNodes = time.Minute, 5*time.Minute, 1
+		}), action: None, reason: "1 pod on 1 node"},
+		{name: "an old node not ready for a moment stays", o: obs(nodes(node("n1", notReadyFor(10*time.Second))), func(o *Observed) { o.RepairAfter = time.Minute }),
+			action: Hold, reason: "nothing running for 0s, 1m0s left of the 1m0s hold", wantIdleOf: []string{"n1"}},
+		{name: "an old node not ready past repair-after goes", o: obs(nodes(node("n1", notReadyFor(2*time.Minute)), node("n2")), func(o *Observed) { o.RepairAfter = time.Minute }),
+			action: ScaleDown, target: 1, remove: []string{"n1"}, reason: "1 node not Ready for over 1m0s, removed: n1 (2m0s)", wantIdleOf: []string{"n1", "n2"}},
+		{name: "a workload pod keeps a not ready node", o: obs(pods(pod("a", on("n1"))), nodes(node("n1", notReady(10*time.Minute))), func(o *Observed) { o.RepairAfter = time.Minute }),
+			action: None, reason: "1 pod on 1 node"},
+		{name: "do-not-disrupt keeps a not ready node", o: obs(nodes(node("n1", notReady(10*time.Minute), func(n *corev1.Node) {
+			n.Annotations = map[string]string{AnnotationDoNotDisrupt: "true"}
+		})), func(o *Observed) { o.RepairAfter = time.Minute }),
+			action: None, reason: "0 pods on 1 node; node n1 not Ready for 10m0s but kept: node is annotated socialweb.computer/do-not-disrupt"},
+		{name: "zero repair-after removes nothing for readiness", o: obs(nodes(node("n1", notReady(10*time.Minute)))),
+			action: Hold, reason: "nothing running for 0s, 1m0s left of the 1m0s hold", wantIdleOf: []string{"n1"}},
 		{name: "untolerated taint", o: obs(pods(pod("a")), nodes(node("n1", func(n *corev1.Node) {
 			n.Spec.Taints = []corev1.Taint{{Key: "gpu", Effect: corev1.TaintEffectNoSchedule}}
 		}))), action: Provision, target: 2, reason: "1 pod unschedulable on 1 node: need 2"},

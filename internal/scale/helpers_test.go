@@ -127,6 +127,14 @@ func notReady(age time.Duration) nodeOpt {
 	}
 }
 
+// notReadyFor: an old node whose Ready condition turned False d before t0.
+func notReadyFor(d time.Duration) nodeOpt {
+	return func(n *corev1.Node) {
+		n.Status.Conditions[0].Status = corev1.ConditionFalse
+		n.Status.Conditions[0].LastTransitionTime = metav1.NewTime(t0.Add(-d))
+	}
+}
+
 func template(name string, cpu string) corev1.PodTemplateSpec {
 	return corev1.PodTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}},

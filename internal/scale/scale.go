@@ -157,6 +157,11 @@ type Observed struct {
 	// as capacity about to arrive (kubelet and CNI still starting); older, it is not a
 	// place pods can go. Zero: not-Ready nodes never take pods in the simulation.
 	NotReadyGrace time.Duration
+	// RepairAfter: a registered node not Ready for this long (since its Ready condition
+	// last changed, or since it registered if it never was Ready: a guest that stalled)
+	// and without workload Pods is removed without waiting out the hold, so at the cap
+	// it does not stand in the way of a node that works. Zero removes none for it.
+	RepairAfter time.Duration
 
 	// HostFull says the driver's last boot for this cluster waited for host capacity.
 	// Idle nodes past the hold then go before more are booted: the cluster's own idle
@@ -185,8 +190,8 @@ func (o *Observed) validate() error {
 	if o.MaxNodes < 0 {
 		return fmt.Errorf("scale: max nodes must not be negative, got %d", o.MaxNodes)
 	}
-	if o.Hold < 0 || o.NotReadyGrace < 0 {
-		return fmt.Errorf("scale: hold (%s) and not-ready grace (%s) must not be negative", o.Hold, o.NotReadyGrace)
+	if o.Hold < 0 || o.NotReadyGrace < 0 || o.RepairAfter < 0 {
+		return fmt.Errorf("scale: hold (%s), not-ready grace (%s) and repair-after (%s) must not be negative", o.Hold, o.NotReadyGrace, o.RepairAfter)
 	}
 	for _, p := range o.Pods {
 		if p == nil {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -113,7 +114,10 @@ type simNode struct {
 	antiPods  int      // how many of pods carry anti-affinity terms
 	busy      bool     // a workload Pod is bound here
 	blocked   string   // why the node must not be removed, "" if it may
-	placed    int      // demands the simulation put here
+	// notReadyFor is how long a registered node has not been Ready, when that is past
+	// RepairAfter (0 otherwise): such a node is broken, not capacity to keep warm.
+	notReadyFor time.Duration
+	placed      int // demands the simulation put here
 
 	// A node the simulation opens (fresh) is sized by what it holds, up to bound: the
 	// largest size, or the one instance type a Pod on it selects (pinned).
@@ -225,6 +229,9 @@ func newSim(o *Observed) *sim {
 		if doNotDisrupt(n.Annotations) {
 			sn.blocked = "node is annotated " + AnnotationDoNotDisrupt
 		}
+		if since, ok := notReadySince(n); ok && o.RepairAfter > 0 && o.Now.Sub(since) >= o.RepairAfter {
+			sn.notReadyFor = o.Now.Sub(since)
+		}
 		s.nodes = append(s.nodes, sn)
 		s.byName[n.Name] = sn
 	}
@@ -331,6 +338,26 @@ func (s *sim) addDaemons(n *simNode) {
 		n.daemon = n.daemon.plus(d.req)
 		n.daemonPods++
 	}
+}
+
+// notReadySince is when a node that is not Ready stopped being Ready: its Ready
+// condition's last transition, or its creation if it has never been Ready (a kubelet
+// that stalled before its first status has no Ready condition until the node lifecycle
+// controller sets Unknown). ok is false for a Ready node.
+func notReadySince(n *corev1.Node) (since time.Time, ok bool) {
+	since = n.CreationTimestamp.Time
+	for _, c := range n.Status.Conditions {
+		if c.Type != corev1.NodeReady {
+			continue
+		}
+		if c.Status == corev1.ConditionTrue {
+			return time.Time{}, false
+		}
+		if c.LastTransitionTime.After(since) {
+			since = c.LastTransitionTime.Time
+		}
+	}
+	return since, true
 }
 
 func nodeReady(n *corev1.Node) bool {

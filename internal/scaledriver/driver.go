@@ -55,7 +55,9 @@ type Config struct {
 	// (default 2m).
 	NotReadyGrace time.Duration
 	// BootTimeout: a machine whose Node has not registered after this is no longer
-	// counted as booting, and is deleted (default 5m).
+	// counted as booting, and is deleted (default 5m). A registered Node gets as long
+	// again to turn Ready (or, once Ready, to turn Ready again): past it, with no
+	// workload Pod, it is removed without the hold (scale.Observed.RepairAfter).
 	BootTimeout time.Duration
 	// CreateParallelism bounds concurrent provider calls in one pass (default 8).
 	CreateParallelism int

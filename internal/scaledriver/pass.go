@@ -119,6 +119,7 @@ func (d *Driver) observe(ctx context.Context) (scale.Observed, []failedMachine, 
 		MaxNodes:      d.cfg.MaxNodes,
 		Hold:          d.cfg.Hold,
 		NotReadyGrace: d.cfg.NotReadyGrace,
+		RepairAfter:   d.cfg.BootTimeout,
 		IdleSince:     d.idleSince,
 		Now:           d.now(),
 	}
