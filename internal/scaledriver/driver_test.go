@@ -1023,3 +1023,56 @@ func TestWarmStartReachesTheCluster(t *testing.T) {
 		})
 	}
 }
+
+// A node that registered and then stalled (not Ready, here since it registered) holds
+// the cluster's only slot until BootTimeout has passed again; then it is removed without
+// waiting out the hold, and the next pass boots a node for the waiting Pod.
+func TestStalledNodeIsReplaced(t *testing.T) {
+	r := newRig(t, Config{MaxNodes: 1, Hold: time.Hour, BootTimeout: 5 * time.Minute}, false, []runtime.Object{testPod("a")}, "stalled")
+	ctx := context.Background()
+	n, err := r.client.CoreV1().Nodes().Get(ctx, "stalled", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown,
+		Reason: "NodeStatusNeverUpdated", LastTransitionTime: metav1.NewTime(r.clock.now())}}
+	if _, err := r.client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.start(ctx)
+	for i, s := range []struct {
+		advance time.Duration
+		action  scale.Action
+	}{
+		{0, scale.None},                              // within the grace: coming capacity
+		{4 * time.Minute, scale.Hold},                // past the grace: idle, at the cap, not yet broken
+		{time.Minute + time.Second, scale.ScaleDown}, // not Ready for over 5 min
+		{time.Second, scale.Provision},               // the slot is free again
+	} {
+		r.clock.advance(s.advance)
+		dec, err := r.d.RunPass(ctx)
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if dec.Action != s.action {
+			t.Fatalf("step %d: %s, want %s", i, dec, s.action)
+		}
+		r.settle()
+	}
+	var deletes []string
+	for _, c := range r.prov.Calls() {
+		if c.Op == fake.OpDelete {
+			deletes = append(deletes, c.Name)
+		}
+	}
+	if !slices.Equal(deletes, []string{"stalled"}) {
+		t.Errorf("deletes %v, want [stalled]", deletes)
+	}
+	if got := r.prov.Count(fake.OpCreate); got != 2 {
+		t.Errorf("%d creates, want 2 (the stalled node, then its replacement)", got)
+	}
+	want := "Normal ScaleDown: 1 node not Ready for over 5m0s, removed: stalled (5m1s)"
+	if evs := r.events(); !slices.ContainsFunc(evs, func(e string) bool { return strings.HasPrefix(e, want) }) {
+		t.Errorf("no event %q in %q", want, evs)
+	}
+}
