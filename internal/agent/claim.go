@@ -18,9 +18,12 @@ import (
 // document (identity.EncodePool) until the host claims the VM: the host rewrites the disk
 // in place with the node's identity, then the agent goes on from the identity step.
 const (
-	// claimPoll is how often the disk is read while waiting: what a claim waits for at
-	// most on top of the host's rewrite.
+	// claimPoll is how often the disk is read while waiting without link notifications:
+	// what a claim waits for at most on top of the host's rewrite.
 	claimPoll = 50 * time.Millisecond
+	// claimPollWoken is how often it is read when a link notification wakes the wait (the
+	// claim brings the NIC's carrier up): only in case that wake-up is lost.
+	claimPollWoken = time.Second
 	// claimSettle is how long the disk may hold neither the pool document nor a valid
 	// identity: a read torn by the host's rewrite passes within a poll or two, a bad
 	// claim does not.
@@ -32,9 +35,12 @@ type claimPoller struct {
 	read   func() ([]byte, error) // the whole disk, past the guest's page cache
 	every  time.Duration
 	settle time.Duration
+	// wake, if set, says to read the disk now (a link came up: see linkWatch).
+	wake <-chan struct{}
 }
 
-// wait reads the disk every p.every until identity.Decode accepts it. There is no
+// wait reads the disk every p.every, and whenever p.wake fires, until identity.Decode
+// accepts it. There is no
 // timeout while the disk holds the pool document: the host destroys the pool VMs it
 // does not need. Anything else (a read torn by the rewrite, a read error) is read again,
 // for p.settle at most.
@@ -61,6 +67,7 @@ func (p claimPoller) wait(ctx context.Context) (identity.Identity, error) {
 		case <-ctx.Done():
 			return identity.Identity{}, fmt.Errorf("waiting to be claimed: %w", ctx.Err())
 		case <-time.After(p.every):
+		case <-p.wake:
 		}
 	}
 }

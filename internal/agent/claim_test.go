@@ -6,8 +6,10 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -119,6 +121,118 @@ func TestClaimPollerWait(t *testing.T) {
 				t.Errorf("%d reads, want %d", s.reads(), tt.wantReads)
 			}
 		})
+	}
+}
+
+// TestClaimPollerWake: with link notifications the disk is read when one comes, not at
+// the (here hour-long) poll interval; without a claim a wake-up just reads again.
+func TestClaimPollerWake(t *testing.T) {
+	d := testDisks(t)
+	var mu sync.Mutex
+	claimed := false
+	reads := 0
+	read := func() ([]byte, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		reads++
+		if claimed {
+			return d.claimed, nil
+		}
+		return d.pool, nil
+	}
+	wake := make(chan struct{}, 1)
+	type result struct {
+		node string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		id, err := claimPoller{read: read, every: time.Hour, settle: time.Second, wake: wake}.wait(context.Background())
+		done <- result{id.NodeName, err}
+	}()
+	waitReads := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			mu.Lock()
+			r := reads
+			mu.Unlock()
+			if r >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d reads after 5s, want %d", r, n)
+			}
+		}
+	}
+	waitReads(1)
+	wake <- struct{}{} // a link event that is not the claim
+	waitReads(2)
+	select {
+	case r := <-done:
+		t.Fatalf("wait returned %+v while unclaimed", r)
+	case <-time.After(50 * time.Millisecond):
+	}
+	mu.Lock()
+	claimed = true
+	mu.Unlock()
+	wake <- struct{}{}
+	select {
+	case r := <-done:
+		if r.err != nil || r.node != "ci-abc123" {
+			t.Fatalf("wait = %+v, want node ci-abc123", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the wake-up did not end the wait within 5s")
+	}
+}
+
+// TestWatchLinks: a link named that does not exist is an error; a real one (a dummy
+// bridge made for the test) is set up, and a change to it reaches C.
+func TestWatchLinks(t *testing.T) {
+	if _, err := watchLinks([]string{"swtest-missing"}); err == nil || !strings.Contains(err.Error(), "swtest-missing") {
+		t.Errorf("watchLinks(a missing link) = %v, want an error naming it", err)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a link")
+	}
+	const link = "swtest-lw0"
+	_ = exec.Command("ip", "link", "del", link).Run()
+	if out, err := exec.Command("ip", "link", "add", link, "type", "bridge").CombinedOutput(); err != nil {
+		t.Fatalf("ip link add %s type bridge: %v: %s", link, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", link).Run() })
+	w, err := watchLinks([]string{"lo", link})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	b, err := os.ReadFile("/sys/class/net/" + link + "/flags")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if flags, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 0, 32); flags&1 == 0 {
+		t.Errorf("%s flags %s: not up", link, strings.TrimSpace(string(b)))
+	}
+	drain := func() {
+		for {
+			select {
+			case <-w.C:
+			case <-time.After(200 * time.Millisecond):
+				return
+			}
+		}
+	}
+	drain() // its own setting up
+	if out, err := exec.Command("ip", "link", "set", link, "mtu", "1400").CombinedOutput(); err != nil {
+		t.Fatalf("changing %s: %v: %s", link, err, out)
+	}
+	select {
+	case <-w.C:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no link notification within 5s of a change")
+	}
+	if err := w.Close(); err != nil {
+		t.Errorf("Close: %v", err)
 	}
 }
 

@@ -340,11 +340,19 @@ func stepIdentity(ctx context.Context, a *Agent) error {
 	id, err := identity.Decode(f)
 	f.Close()
 	if errors.Is(err, identity.ErrUnclaimed) {
-		id, err = a.waitClaim(ctx, dev, claimPoller{
+		p := claimPoller{
 			read:   func() ([]byte, error) { return readDirect(dev, identity.PoolDiskSize) },
 			every:  claimPoll,
 			settle: claimSettle,
-		})
+		}
+		// Subscribed before the first read, so a claim in between is not missed.
+		if w, werr := watchLinks(sortedLinks()); werr != nil {
+			a.Log.Warn("warm-pool VM: no link notifications; reading the identity disk every "+claimPoll.String()+" instead", "err", werr)
+		} else {
+			defer w.Close()
+			p.wake, p.every = w.C, claimPollWoken
+		}
+		id, err = a.waitClaim(ctx, dev, p)
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", dev, err)

@@ -81,8 +81,8 @@ func (l launch) args() []string {
 		)
 	}
 	a = append(a,
-		"-netdev", "tap,id=net0,ifname="+l.Tap+",script=no,downscript=no",
-		"-device", "virtio-net-device,netdev=net0,mac="+l.MAC,
+		"-netdev", "tap,id="+nicNetdev+",ifname="+l.Tap+",script=no,downscript=no",
+		"-device", "virtio-net-device,netdev="+nicNetdev+",mac="+l.MAC,
 	)
 	if l.LayersSocket != "" {
 		// Last, after the disks and the NIC, so their virtio-mmio slots (and the guest's

@@ -191,7 +191,11 @@ func serveQMP(c net.Conn, con *os.File, stubborn bool, quit chan<- int) {
 	sc := bufio.NewScanner(c)
 	for sc.Scan() {
 		var cmd struct {
-			Execute string `json:"execute"`
+			Execute   string `json:"execute"`
+			Arguments struct {
+				Name string `json:"name"`
+				Up   bool   `json:"up"`
+			} `json:"arguments"`
 		}
 		if err := json.Unmarshal(sc.Bytes(), &cmd); err != nil {
 			fmt.Fprintln(c, `{"error": {"class": "GenericError", "desc": "bad JSON"}}`)
@@ -203,6 +207,13 @@ func serveQMP(c net.Conn, con *os.File, stubborn bool, quit chan<- int) {
 		case "query-status":
 			fmt.Fprintln(c, `{"timestamp": {"seconds": 1, "microseconds": 2}, "event": "RESUME"}`)
 			fmt.Fprintln(c, `{"return": {"status": "running", "singlestep": false, "running": true}}`)
+		case "set_link":
+			if cmd.Arguments.Name != "net0" {
+				fmt.Fprintf(c, `{"error": {"class": "DeviceNotFound", "desc": "Device '%s' not found"}}`+"\n", cmd.Arguments.Name)
+				continue
+			}
+			fmt.Fprintln(c, `{"return": {}}`)
+			fmt.Fprintf(con, "fake qemu: link up=%t\n", cmd.Arguments.Up)
 		case "system_powerdown":
 			fmt.Fprintln(c, `{"return": {}}`)
 			fmt.Fprintln(con, "fake qemu: power button pressed")

@@ -190,6 +190,11 @@ func TestPoolClaim(t *testing.T) {
 		}
 	}
 	waitFor(t, 5*time.Second, "the pool VM's threads at nice 10", nicesAre(PoolNice))
+	// It waits with its NIC's carrier down; the claim brings it up (what wakes its agent).
+	if b, _ := os.ReadFile(filepath.Join(poolDir, fileConsole)); !strings.Contains(string(b), "fake qemu: link up=false\n") ||
+		strings.Contains(string(b), "link up=true") {
+		t.Errorf("the pool VM's link before the claim, by its console:\n%s", b)
+	}
 
 	t0 := time.Now()
 	inst, err := p.Create(ctx, req("a", "a-warm"))
@@ -238,6 +243,9 @@ func TestPoolClaim(t *testing.T) {
 		con, _ := p.ConsoleTail("a-warm", 5)
 		return strings.Contains(con, "SWQT NAME a-warm\n")
 	})
+	if b, _ := os.ReadFile(filepath.Join(info.Dir, fileConsole)); !strings.Contains(string(b), "fake qemu: link up=true\n") {
+		t.Errorf("the claim did not bring the NIC's link up, by the console:\n%s", b)
+	}
 	wantTap := nodenet.TapName(5, "a", "a-warm")
 	if info.Tap != wantTap || !slices.Equal(e.net.claimLog, []string{nodenet.PoolTapName(vm) + " -> " + wantTap}) {
 		t.Errorf("tap %s, claims %v; want %s claimed from the pool tap", info.Tap, e.net.claimLog, wantTap)

@@ -78,7 +78,19 @@ func dialQMP(ctx context.Context, dir string) (*qmpConn, error) {
 
 // call runs one command and returns its "return" value, skipping asynchronous events.
 func (q *qmpConn) call(cmd string) (json.RawMessage, error) {
-	b, _ := json.Marshal(map[string]string{"execute": cmd})
+	return q.callArgs(cmd, nil)
+}
+
+// callArgs is call with the command's arguments (nil for none).
+func (q *qmpConn) callArgs(cmd string, args any) (json.RawMessage, error) {
+	req := map[string]any{"execute": cmd}
+	if args != nil {
+		req["arguments"] = args
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("QMP %s: %w", cmd, err)
+	}
 	if _, err := q.c.Write(append(b, '\n')); err != nil {
 		return nil, fmt.Errorf("QMP %s: %w", cmd, err)
 	}
@@ -127,5 +139,21 @@ func qmpPowerdown(ctx context.Context, dir string) error {
 	}
 	defer q.Close()
 	_, err = q.call("system_powerdown")
+	return err
+}
+
+// nicNetdev is the id of every node VM's one NIC backend (see launch.args).
+const nicNetdev = "net0"
+
+// qmpSetLink sets the carrier of the VM's NIC as its guest sees it. A warm-pool VM waits
+// with it down, and its claim brings it up: the guest's agent wakes on that link event
+// instead of reading its identity disk many times a second.
+func qmpSetLink(ctx context.Context, dir string, up bool) error {
+	q, err := dialQMP(ctx, dir)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	_, err = q.callArgs("set_link", map[string]any{"name": nicNetdev, "up": up})
 	return err
 }
