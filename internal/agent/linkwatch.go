@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 
 	"golang.org/x/sys/unix"
 )
@@ -86,14 +85,4 @@ func setLinkUp(name string) error {
 		return fmt.Errorf("setting %s up: %w", name, err)
 	}
 	return nil
-}
-
-// sortedLinks is sysLinks' names, in order.
-func sortedLinks() []string {
-	var names []string
-	for n := range sysLinks() {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
 }

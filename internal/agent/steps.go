@@ -10,11 +10,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -346,7 +348,7 @@ func stepIdentity(ctx context.Context, a *Agent) error {
 			settle: claimSettle,
 		}
 		// Subscribed before the first read, so a claim in between is not missed.
-		if w, werr := watchLinks(sortedLinks()); werr != nil {
+		if w, werr := watchLinks(slices.Sorted(maps.Keys(sysLinks()))); werr != nil {
 			a.Log.Warn("warm-pool VM: no link notifications; reading the identity disk every "+claimPoll.String()+" instead", "err", werr)
 		} else {
 			defer w.Close()

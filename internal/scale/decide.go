@@ -137,13 +137,10 @@ func Decide(o Observed) (Decision, error) {
 	}
 
 	switch {
-	case len(removable) > 0 && len(removable) == d.Current && intent == 0 && !anyNotReady(removable):
-		// Everything is idle past the hold and nothing wants a node: back to zero.
-		d.Action, d.Target = Teardown, 0
-		d.Reason = fmt.Sprintf("nothing running for %s, past the %s hold", fmtDur(o.Now.Sub(latest(removable, d.IdleSince))), o.Hold)
 	case len(removable) > 0:
 		d.Action, d.Target = ScaleDown, d.Current-len(removable)
 		if d.Target == 0 && intent == 0 {
+			// Every node goes and nothing wants one: back to zero.
 			d.Action = Teardown
 		}
 		var held, notReady []string
@@ -153,6 +150,10 @@ func Decide(o Observed) (Decision, error) {
 			} else {
 				held = append(held, n.name)
 			}
+		}
+		if d.Action == Teardown && len(notReady) == 0 {
+			d.Reason = fmt.Sprintf("nothing running for %s, past the %s hold", fmtDur(o.Now.Sub(latest(removable, d.IdleSince))), o.Hold)
+			break
 		}
 		var parts []string
 		if len(notReady) > 0 {
@@ -209,15 +210,6 @@ func earliestUnblocked(ns []*simNode, since map[string]time.Time) time.Time {
 		}
 	}
 	return t
-}
-
-func anyNotReady(ns []*simNode) bool {
-	for _, n := range ns {
-		if n.notReadyFor > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 func hasUnblocked(ns []*simNode) bool {

@@ -361,12 +361,8 @@ func notReadySince(n *corev1.Node) (since time.Time, ok bool) {
 }
 
 func nodeReady(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
+	_, notReady := notReadySince(n)
+	return !notReady
 }
 
 // fits reports whether d can go on n given everything placed so far.
