@@ -456,6 +456,12 @@ func KubeletConfiguration(id identity.Identity, l Layout, o KubeletOptions) (*ku
 		// (freeing their emptyDirs and layers) before containerd and the kubelet cannot
 		// write: nodefs and imagefs are the node's data disk (see DataDirs).
 		EvictionHard: EvictionHard(),
+		// No KUBE-IPTABLES-HINT or KUBE-FIREWALL chains: the kubelet makes them with a
+		// dozen iptables and ip6tables runs before its sync loop starts (0.75 s of a TCG
+		// vCPU on a start's critical path) and checks them every minute. Nothing on a node
+		// reads the hint (kube-proxy here uses the node's iptables directly), and
+		// kube-proxy in iptables mode makes the same localnet rule itself.
+		MakeIPTablesUtilChains: &f,
 	}
 	kc.APIVersion = kubeletv1beta1.SchemeGroupVersion.String()
 	kc.Kind = "KubeletConfiguration"

@@ -476,6 +476,7 @@ func TestKubeletConfigLoads(t *testing.T) {
 				{"rotateCertificates", s.RotateCertificates, true},
 				{"serverTLSBootstrap", s.ServerTLSBootstrap, false},
 				{"registerNode", s.RegisterNode, true},
+				{"makeIPTablesUtilChains (a dozen iptables runs before the sync loop)", s.MakeIPTablesUtilChains, false},
 				{"runtime endpoint", s.ContainerRuntimeEndpoint, "unix://" + l.ContainerdSocket},
 				{"port", s.Port, int32(10250)},
 				{"read-only port", s.ReadOnlyPort, int32(0)},

@@ -64,6 +64,7 @@ func RehearsalKubeletConfiguration(l Layout, o KubeletOptions) *kubeletv1beta1.K
 		FailSwapOn:               &f,
 		RuntimeRequestTimeout:    metav1.Duration{Duration: 10 * time.Minute},
 		EvictionHard:             EvictionHard(),
+		MakeIPTablesUtilChains:   &f, // as the node's kubelet
 	}
 	kc.APIVersion = kubeletv1beta1.SchemeGroupVersion.String()
 	kc.Kind = "KubeletConfiguration"
