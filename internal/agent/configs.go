@@ -393,6 +393,17 @@ func BootstrapKubeconfig(id identity.Identity, l Layout) ([]byte, error) {
 	return clientcmd.Write(*cfg)
 }
 
+// KubeletKubeconfig is the kubeconfig the kubelet writes after its TLS bootstrap: the
+// tenant apiserver, its CA file, and the client certificate and key in one file.
+func KubeletKubeconfig(id identity.Identity, l Layout, certAndKey string) ([]byte, error) {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["tenant"] = &clientcmdapi.Cluster{Server: id.APIServer, CertificateAuthority: l.CACert}
+	cfg.AuthInfos["kubelet"] = &clientcmdapi.AuthInfo{ClientCertificate: certAndKey, ClientKey: certAndKey}
+	cfg.Contexts["kubelet"] = &clientcmdapi.Context{Cluster: "tenant", AuthInfo: "kubelet"}
+	cfg.CurrentContext = "kubelet"
+	return clientcmd.Write(*cfg)
+}
+
 // KubeletOptions are the knobs of the kubelet configuration that do not come
 // from the identity.
 type KubeletOptions struct {

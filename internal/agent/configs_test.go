@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/socialweb-computer/socialweb/internal/identity"
+	"github.com/socialweb-computer/socialweb/internal/pki"
 )
 
 func sampleIdentity() identity.Identity {
@@ -433,6 +434,36 @@ func TestKubeletConfigLoads(t *testing.T) {
 		{name: "label with a comma", mutate: func(id *identity.Identity) { id.Labels = map[string]string{"a": "1,2"} }, wantErr: "contains ','"},
 		{name: "bad cluster DNS", mutate: func(id *identity.Identity) { id.ClusterDNS = "dns" }, wantErr: "clusterDNS"},
 		{name: "few pods", mutate: func(id *identity.Identity) { id.MaxPods = 8 }},
+		{name: "client certificate from the host", mutate: func(id *identity.Identity) {
+			id.KubeletClientCert, id.KubeletClientKey = hostIssuedClientCert(t, id.NodeName)
+		}, check: func(t *testing.T, id identity.Identity, a *Agent) {
+			current := KubeletClientCurrent(a.Layout)
+			for _, f := range []string{current, a.Layout.Kubeconfig} {
+				if st, err := os.Stat(f); err != nil || st.Mode().Perm() != 0o600 {
+					t.Errorf("%s: %v, %v; want mode 0600", f, st, err)
+				}
+			}
+			// What the kubelet and this agent's clients load: the kubeconfig, its CA file
+			// and the certificate and key in one file.
+			cfg, err := clientcmd.BuildConfigFromFlags("", a.Layout.Kubeconfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Host != id.APIServer || cfg.TLSClientConfig.CAFile != a.Layout.CACert {
+				t.Errorf("kubeconfig: host %q CA %q, want %q %q", cfg.Host, cfg.TLSClientConfig.CAFile, id.APIServer, a.Layout.CACert)
+			}
+			if _, err := tls.LoadX509KeyPair(cfg.TLSClientConfig.CertFile, cfg.TLSClientConfig.KeyFile); err != nil {
+				t.Errorf("the kubeconfig's certificate and key: %v", err)
+			}
+		}},
+		{name: "no client certificate: the kubelet bootstraps", mutate: func(*identity.Identity) {},
+			check: func(t *testing.T, id identity.Identity, a *Agent) {
+				for _, f := range []string{KubeletClientCurrent(a.Layout), a.Layout.Kubeconfig} {
+					if _, err := os.Stat(f); !os.IsNotExist(err) {
+						t.Errorf("%s: %v, want none before the TLS bootstrap", f, err)
+					}
+				}
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -631,4 +662,23 @@ func TestProxyConfig(t *testing.T) {
 	if b := ProxyConfig(id, l); strings.Contains(string(b), "clusterCIDR") {
 		t.Errorf("clusterCIDR without a pod range:\n%s", b)
 	}
+}
+
+// hostIssuedClientCert is a client certificate for system:node:<name> from a throwaway CA,
+// as the host issues one.
+func hostIssuedClientCert(t *testing.T, name string) (certPEM, keyPEM string) {
+	t.Helper()
+	p, err := pki.Ensure(t.TempDir(), pki.Options{Now: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := pki.LoadClientSigner(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, k, err := s.NodeClientCert(name, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(c), string(k)
 }

@@ -192,7 +192,7 @@ func (a *Agent) kubeletClient() (kubernetes.Interface, error) {
 // waitKubeletCredentials returns once the kubelet's TLS bootstrap has written its
 // kubeconfig and the client certificate it names (the kubeconfig comes first).
 func (a *Agent) waitKubeletCredentials() {
-	clientCert := filepath.Join(a.Layout.KubeletCertDir, "kubelet-client-current.pem")
+	clientCert := KubeletClientCurrent(a.Layout)
 	for {
 		_, err1 := os.Stat(a.Layout.Kubeconfig)
 		_, err2 := os.Stat(clientCert)

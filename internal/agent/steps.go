@@ -614,7 +614,10 @@ func RegistryFile(id identity.Identity, l Layout) (*File, error) {
 }
 
 // KubeletFiles are the CA bundle, the bootstrap kubeconfig and the kubelet
-// configuration.
+// configuration, and when the host issued the kubelet's client certificate, that
+// certificate where the kubelet keeps its current one and the kubeconfig naming it, so
+// the kubelet (and everything here that waits for its credentials) starts without a TLS
+// bootstrap.
 func KubeletFiles(id identity.Identity, l Layout, o KubeletOptions) ([]File, error) {
 	boot, err := BootstrapKubeconfig(id, l)
 	if err != nil {
@@ -624,12 +627,29 @@ func KubeletFiles(id identity.Identity, l Layout, o KubeletOptions) ([]File, err
 	if err != nil {
 		return nil, err
 	}
-	return []File{
+	files := []File{
 		{l.CACert, []byte(id.CACert), 0o644},
 		{l.ClientCACert, []byte(id.ClientCACert), 0o644},
 		{l.BootstrapKubeconfig, boot, 0o600},
 		{l.KubeletConfig, kc, 0o644},
-	}, nil
+	}
+	if id.KubeletClientCert != "" {
+		current := KubeletClientCurrent(l)
+		kubeconfig, err := KubeletKubeconfig(id, l, current)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files,
+			File{current, []byte(id.KubeletClientCert + id.KubeletClientKey), 0o600},
+			File{l.Kubeconfig, kubeconfig, 0o600})
+	}
+	return files, nil
+}
+
+// KubeletClientCurrent is the kubelet's current client certificate and key (one PEM file,
+// as its certificate store keeps them).
+func KubeletClientCurrent(l Layout) string {
+	return filepath.Join(l.KubeletCertDir, "kubelet-client-current.pem")
 }
 
 func (a *Agent) startContainerd() error {

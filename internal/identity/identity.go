@@ -42,6 +42,12 @@ type Identity struct {
 	ClientCACert string `json:"clientCACert"`
 	// BootstrapToken is "<id>.<secret>", short-lived, for TLS bootstrap.
 	BootstrapToken string `json:"bootstrapToken"`
+	// KubeletClientCert and KubeletClientKey (PEM, both or neither) are the kubelet's
+	// client certificate (system:node:<NodeName>) from the cluster's client CA, issued by
+	// the host: the kubelet starts with them instead of a TLS bootstrap. Without them it
+	// bootstraps with BootstrapToken.
+	KubeletClientCert string `json:"kubeletClientCert,omitempty"`
+	KubeletClientKey  string `json:"kubeletClientKey,omitempty"`
 	// Address is the node's address with prefix, e.g. 10.250.3.2/24.
 	Address string `json:"address"`
 	Gateway string `json:"gateway"`
@@ -76,6 +82,9 @@ func (id Identity) Validate() error {
 	need("caCert", id.CACert)
 	need("clientCACert", id.ClientCACert)
 	need("bootstrapToken", id.BootstrapToken)
+	if (id.KubeletClientCert == "") != (id.KubeletClientKey == "") {
+		errs = append(errs, errors.New("kubeletClientCert and kubeletClientKey go together: give both or neither"))
+	}
 	if _, _, err := net.ParseCIDR(id.Address); err != nil {
 		errs = append(errs, fmt.Errorf("address %q is not an address/prefix", id.Address))
 	}

@@ -43,6 +43,9 @@ func TestValidate(t *testing.T) {
 		{"bad address", func(i *Identity) { i.Address = "10.250.3.2" }, "not an address/prefix"},
 		{"bad gateway", func(i *Identity) { i.Gateway = "gw" }, "gateway"},
 		{"no max pods", func(i *Identity) { i.MaxPods = 0 }, "maxPods"},
+		{"client certificate and key", func(i *Identity) { i.KubeletClientCert, i.KubeletClientKey = "CERT", "KEY" }, ""},
+		{"client certificate without its key", func(i *Identity) { i.KubeletClientCert = "CERT" }, "give both or neither"},
+		{"client key without its certificate", func(i *Identity) { i.KubeletClientKey = "KEY" }, "give both or neither"},
 	}
 	for _, tt := range tests {
 		id := sample()

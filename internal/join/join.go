@@ -18,6 +18,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/identity"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
+	"github.com/socialweb-computer/socialweb/internal/pki"
 )
 
 // DefaultTTL bounds how long a node may take to join; the token cleaner
@@ -35,8 +36,11 @@ type Minter struct {
 	ClientCA  []byte // the tenant's client CA, PEM (signs the apiserver's kubelet client cert)
 	Plan      nodenet.Plan
 	Registry  string // http://<gateway>:<port>
-	TTL       time.Duration
-	Now       func() time.Time
+	// NodeSigner issues each node's kubelet client certificate (nil: the kubelet
+	// bootstraps one with the token).
+	NodeSigner *pki.Signer
+	TTL        time.Duration
+	Now        func() time.Time
 }
 
 // Identity registers a bootstrap token for the node and returns its identity.
@@ -87,6 +91,13 @@ func (m Minter) Identity(ctx context.Context, req nodes.NodeRequest, addr net.IP
 		MaxPods:    req.MaxPods,
 		Labels:     req.Labels,
 		MAC:        mac,
+	}
+	if m.NodeSigner != nil {
+		cert, key, err := m.NodeSigner.NodeClientCert(req.Name, now())
+		if err != nil {
+			return identity.Identity{}, err
+		}
+		ident.KubeletClientCert, ident.KubeletClientKey = string(cert), string(key)
 	}
 	return ident, ident.Validate()
 }

@@ -2,6 +2,8 @@ package join
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"net"
 	"regexp"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
+	"github.com/socialweb-computer/socialweb/internal/pki"
 )
 
 func TestIdentityRegistersAShortLivedToken(t *testing.T) {
@@ -42,5 +45,44 @@ func TestIdentityRegistersAShortLivedToken(t *testing.T) {
 	id2, _ := m.Identity(context.Background(), req, net.ParseIP("10.250.3.3"), "")
 	if id2.BootstrapToken == id.BootstrapToken {
 		t.Error("two nodes got the same token")
+	}
+}
+
+func TestIdentityCarriesTheNodesClientCertificate(t *testing.T) {
+	plan, _ := nodenet.ForIndex(3)
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	p, err := pki.Ensure(t.TempDir(), pki.Options{Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := pki.LoadClientSigner(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := Minter{Tenant: fake.NewSimpleClientset(), APIServer: "https://10.250.3.1:7500", CACert: []byte("PEM"), ClientCA: []byte("CLIENT PEM"),
+		Plan: plan, Registry: "http://10.250.3.1:5000", Now: func() time.Time { return now }}
+	req := nodes.NodeRequest{Cluster: "ci", Name: "ci-abc", CPUs: 1, MemoryMiB: 1024, MaxPods: 110}
+	id, err := m.Identity(context.Background(), req, net.ParseIP("10.250.3.2"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id.KubeletClientCert != "" || id.KubeletClientKey != "" {
+		t.Error("a minter without a signer issued a client certificate")
+	}
+	m.NodeSigner = signer
+	id, err = m.Identity(context.Background(), req, net.ParseIP("10.250.3.2"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := tls.X509KeyPair([]byte(id.KubeletClientCert), []byte(id.KubeletClientKey))
+	if err != nil {
+		t.Fatalf("the identity's client certificate and key: %v", err)
+	}
+	cert, _ := x509.ParseCertificate(pair.Certificate[0])
+	if cert.Subject.CommonName != "system:node:ci-abc" {
+		t.Errorf("client certificate for %q, want system:node:ci-abc", cert.Subject.CommonName)
+	}
+	if id.BootstrapToken == "" {
+		t.Error("no bootstrap token beside the certificate (the kubelet rotates through a CSR)")
 	}
 }

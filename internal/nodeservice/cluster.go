@@ -63,7 +63,13 @@ func ClusterFrom(c *v1.Cluster, l lease.Lease, dir string) (Cluster, error) {
 	if err != nil {
 		return Cluster{}, fmt.Errorf("client CA of %s: %w", c.Name, err)
 	}
-	return clusterOf(c, l, tenant, ca, clientCA)
+	signer, err := pki.LoadClientSigner(paths)
+	if err != nil {
+		return Cluster{}, fmt.Errorf("node certificates of %s: %w", c.Name, err)
+	}
+	cl, err := clusterOf(c, l, tenant, ca, clientCA)
+	cl.Minter.NodeSigner = signer
+	return cl, err
 }
 
 // clusterOf is ClusterFrom once the files are read: the spec's sizes and the
