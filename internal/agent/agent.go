@@ -313,6 +313,8 @@ type Agent struct {
 	// imported the image at, 0 if it did not
 	sandboxImported   bool
 	sandboxImportedAt time.Duration
+	// proxyPrestart is kube-proxy's process started ahead, until stepProxy takes it
+	proxyPrestart *proxyPrestart
 	// the socialweb snapshotter, when the layer share is mounted
 	snapshotter       *layershare.Snapshotter
 	snapshotterServer *layershare.Server
@@ -418,6 +420,7 @@ const (
 	StepDataDisk         = "data-disk"
 	StepLayerShare       = "layer-share"
 	StepSnapshotter      = "snapshotter"
+	StepProxyPrestart    = "proxy-prestart"
 	StepIdentity         = "identity"
 	StepHostname         = "hostname"
 	StepNetwork          = "network"
@@ -453,6 +456,7 @@ func DefaultSteps() Steps {
 		{StepSnapshotter, stepSnapshotter},
 		{StepContainerdConfig, stepContainerdConfig},
 		{StepContainerd, stepContainerd},
+		{StepProxyPrestart, stepProxyPrestart},
 		{StepIdentity, stepIdentity},
 		{StepHostname, stepHostname},
 		{StepNetwork, stepNetwork},

@@ -129,7 +129,7 @@ func TestRunContextCancelled(t *testing.T) {
 
 func TestStepsEditing(t *testing.T) {
 	s := DefaultSteps()
-	if got, want := s.Names(), []string{"mounts", "limits", "modules", "sysctls", "data-disk", "layer-share", "snapshotter", "containerd-config", "containerd",
+	if got, want := s.Names(), []string{"mounts", "limits", "modules", "sysctls", "data-disk", "layer-share", "snapshotter", "containerd-config", "containerd", "proxy-prestart",
 		"identity", "hostname", "network", "registry", "kubelet-config", "containerd-ready", "kubelet", "register-node", "proxy", "dns", "health", "cpu-report", "boot-timeline"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("DefaultSteps = %v, want %v", got, want)
 	}

@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
@@ -78,7 +80,12 @@ func stepProxy(ctx context.Context, a *Agent) error {
 		a.waitNodeAddress()
 		argv := proxyArgv(self, cfgFile, exec.LookPath)
 		for restarts := 0; ; restarts++ {
-			err := a.runChild("kube-proxy", argv[0], argv[1:]...)
+			var err error
+			if p := a.takeProxyPrestart(); p != nil {
+				err = p.run()
+			} else {
+				err = a.runChild("kube-proxy", argv[0], argv[1:]...)
+			}
 			a.mu.Lock()
 			stopping := a.stopping
 			a.mu.Unlock()
@@ -121,12 +128,19 @@ const ProxyCommand = "kube-proxy"
 func ProxyMain(args []string) int {
 	fs := flag.NewFlagSet(ProxyCommand, flag.ContinueOnError)
 	cfgFile := fs.String("config", "", "KubeProxyConfiguration file")
+	waitStart := fs.Bool(proxyWaitStart, false, "read a line from stdin before reading the configuration and starting (the agent starts this process ahead: see stepProxyPrestart)")
 	if err := fs.Parse(args); err != nil || *cfgFile == "" {
-		fmt.Fprintln(os.Stderr, "usage: socialweb-node kube-proxy --config FILE")
+		fmt.Fprintln(os.Stderr, "usage: socialweb-node kube-proxy --config FILE [--"+proxyWaitStart+"]")
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if *waitStart {
+		if err := waitForStart(os.Stdin); err != nil {
+			fmt.Fprintln(os.Stderr, "kube-proxy: not started:", err)
+			return 0
+		}
+	}
 	// Started at ProxyNice (proxyArgv); every thread back at 0 once its start is over.
 	time.AfterFunc(ProxyNiceFor, func() {
 		if err := procnice.Set(os.Getpid(), 0); err != nil {
@@ -143,20 +157,116 @@ func ProxyMain(args []string) int {
 // runChild runs self with args, its output on the console prefixed with name, until it
 // exits.
 func (a *Agent) runChild(name, self string, args ...string) error {
-	cmd := exec.Command(self, args...)
-	r, w, err := os.Pipe()
+	cmd, err := startChild(name, nil, self, args...)
 	if err != nil {
 		return err
 	}
+	return cmd.Wait()
+}
+
+// startChild starts self with args, its output on the console prefixed with name and its
+// stdin from stdin (nil: none).
+func startChild(name string, stdin *os.File, self string, args ...string) (*exec.Cmd, error) {
+	cmd := exec.Command(self, args...)
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
 	cmd.Stdout, cmd.Stderr = w, w
+	if stdin != nil {
+		cmd.Stdin = stdin
+	}
 	err = cmd.Start()
 	w.Close()
 	if err != nil {
 		r.Close()
-		return err
+		return nil, err
 	}
 	go prefixLines(r, os.Stdout, name+": ")
-	return cmd.Wait()
+	return cmd, nil
+}
+
+// kube-proxy started ahead. Each exec of this binary first runs the Go initialization of
+// every package in it (the kubelet, kube-proxy, containerd's client: 0.1 s on a host,
+// 1-2 s of a TCG vCPU), and kube-proxy used to pay it in the seconds a node's first Pod
+// starts. So a node's init starts kube-proxy's process before the identity step (a
+// warm-pool VM: while it waits for its claim) with --wait-start; it initializes and waits
+// on its stdin, and stepProxy releases it once its configuration is written and the
+// Node has its address. If it has died by then, stepProxy starts one as before.
+
+// proxyWaitStart is ProxyMain's flag to wait for the agent's go-ahead on stdin.
+const proxyWaitStart = "wait-start"
+
+// proxyPrestart is the kube-proxy process started ahead, waiting on its stdin.
+type proxyPrestart struct {
+	cmd     *exec.Cmd
+	release *os.File // the write end of its stdin
+}
+
+// stepProxyPrestart starts kube-proxy's process ahead (only as a node's init: elsewhere
+// this executable is not the agent's). A failure costs only the head start.
+func stepProxyPrestart(ctx context.Context, a *Agent) error {
+	if os.Getpid() != 1 {
+		return nil
+	}
+	self, err := os.Executable()
+	if err == nil {
+		var p *proxyPrestart
+		if p, err = startProxyPrestart(self, a.Layout.ProxyConfig, exec.LookPath); err == nil {
+			a.mu.Lock()
+			a.proxyPrestart = p
+			a.mu.Unlock()
+			return nil
+		}
+	}
+	a.Log.Warn("kube-proxy: not started ahead; it starts when the node needs it", "err", err)
+	return nil
+}
+
+// startProxyPrestart starts self as kube-proxy with --wait-start.
+func startProxyPrestart(self, cfgFile string, lookPath func(string) (string, error)) (*proxyPrestart, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	argv := append(proxyArgv(self, cfgFile, lookPath), "--"+proxyWaitStart)
+	cmd, err := startChild("kube-proxy", r, argv[0], argv[1:]...)
+	r.Close()
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	return &proxyPrestart{cmd: cmd, release: w}, nil
+}
+
+// takeProxyPrestart hands out the process started ahead once; nil after that.
+func (a *Agent) takeProxyPrestart() *proxyPrestart {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.proxyPrestart
+	a.proxyPrestart = nil
+	return p
+}
+
+// run releases the process and waits for it to exit.
+func (p *proxyPrestart) run() error {
+	_, err := p.release.Write([]byte("start\n"))
+	p.release.Close()
+	if err != nil {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+		return fmt.Errorf("releasing the kube-proxy started ahead: %w", err)
+	}
+	return p.cmd.Wait()
+}
+
+// waitForStart returns once r gives a line; an end before one is an error.
+func waitForStart(r io.Reader) error {
+	_, err := bufio.NewReader(r).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("waiting for the agent's go-ahead on stdin: %w", err)
+	}
+	return nil
 }
 
 // waitNodeAddress returns once the Node has an InternalIP (the cloud controller sets it

@@ -1,9 +1,14 @@
 package agent
 
 import (
+	"errors"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 )
 
 func TestProxyArgv(t *testing.T) {
@@ -22,5 +27,63 @@ func TestProxyArgv(t *testing.T) {
 				t.Errorf("proxyArgv = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+func TestWaitForStart(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		wantErr bool
+	}{
+		{"start\n", false},
+		{"\n", false},
+		{"", true},      // the agent closed stdin: no go-ahead
+		{"start", true}, // no whole line
+		{"start\nmore", false},
+	} {
+		if err := waitForStart(strings.NewReader(tc.in)); (err != nil) != tc.wantErr {
+			t.Errorf("waitForStart(%q) = %v, want error %v", tc.in, err, tc.wantErr)
+		}
+	}
+}
+
+// A process started ahead runs only once released, with kube-proxy's arguments and
+// --wait-start; one that died before is reported, not waited for.
+func TestProxyPrestart(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out")
+	self := filepath.Join(dir, "self")
+	script := "#!/bin/sh\nread line || exit 9\necho \"$line $*\" > " + out + "\nexit 3\n"
+	if err := os.WriteFile(self, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	noNice := func(string) (string, error) { return "", exec.ErrNotFound }
+	p, err := startProxyPrestart(self, "/p.yaml", noNice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Fatalf("the process ran before it was released: %v", err)
+	}
+	var exit *exec.ExitError
+	if err := p.run(); !errors.As(err, &exit) || exit.ExitCode() != 3 {
+		t.Fatalf("run = %v, want the process's exit status 3", err)
+	}
+	if b, _ := os.ReadFile(out); string(b) != "start kube-proxy --config /p.yaml --wait-start\n" {
+		t.Errorf("the process saw %q", b)
+	}
+
+	// Died before its release: run says so.
+	if err := os.WriteFile(self, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p, err = startProxyPrestart(self, "/p.yaml", noNice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := p.run(); err == nil || !strings.Contains(err.Error(), "releasing") {
+		t.Errorf("run of a process that had exited = %v, want a release error", err)
 	}
 }
