@@ -1,5 +1,6 @@
 // Package join mints what one node needs to join its tenant cluster: a
-// short-lived bootstrap token, registered in the tenant, and the identity
+// short-lived bootstrap token, registered in the tenant, the kubelet's client
+// certificate when the minter has the cluster's signer, and the identity
 // document the guest agent reads from its identity disk.
 package join
 
