@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"runtime"
@@ -19,12 +20,16 @@ import (
 // external cloud provider and the annotations it adds. The agent creates it as soon as
 // the kubelet has its client certificate.
 //
+// With storage (KubeletStorage), the Node's status carries the ephemeral storage the
+// kubelet will report, and it has no storage startup taint. Without it, it has the taint,
+// which the host removes once the kubelet has reported its storage.
+//
 // Why: the kubelet's CSINode initialization needs the Node to exist. It retries
 // 30 ms x 8^n apart, so a Node registered more than ~18 s after the kubelet got its
 // credentials (five TCG nodes booting at once on two cores) leaves the node NotReady
 // for another two minutes. The kubelet takes an existing Node as "previously
 // registered" and reconciles it (default labels, attach-detach annotation).
-func RegisteredNode(id identity.Identity) (*corev1.Node, error) {
+func RegisteredNode(id identity.Identity, storage *Storage) (*corev1.Node, error) {
 	ip, err := NodeIP(id)
 	if err != nil {
 		return nil, err
@@ -37,6 +42,14 @@ func RegisteredNode(id identity.Identity) (*corev1.Node, error) {
 		"beta.kubernetes.io/arch": runtime.GOARCH,
 	}
 	maps.Copy(labels, id.Labels)
+	taints := []corev1.Taint{{Key: "node.cloudprovider.kubernetes.io/uninitialized", Value: "true", Effect: corev1.TaintEffectNoSchedule}}
+	var status corev1.NodeStatus
+	if storage != nil {
+		status.Capacity = corev1.ResourceList{corev1.ResourceEphemeralStorage: storage.Capacity}
+		status.Allocatable = corev1.ResourceList{corev1.ResourceEphemeralStorage: storage.Allocatable}
+	} else {
+		taints = append(taints, StorageTaint())
+	}
 	return &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:   id.NodeName,
@@ -46,10 +59,8 @@ func RegisteredNode(id identity.Identity) (*corev1.Node, error) {
 				"alpha.kubernetes.io/provided-node-ip":                   ip.String(),
 			},
 		},
-		Spec: corev1.NodeSpec{ProviderID: id.ProviderID, Taints: []corev1.Taint{
-			{Key: "node.cloudprovider.kubernetes.io/uninitialized", Value: "true", Effect: corev1.TaintEffectNoSchedule},
-			StorageTaint(),
-		}},
+		Spec:   corev1.NodeSpec{ProviderID: id.ProviderID, Taints: taints},
+		Status: status,
 	}, nil
 }
 
@@ -63,7 +74,11 @@ func StorageTaint() corev1.Taint {
 // (see RegisteredNode). It does not wait: if it fails, the kubelet registers the node
 // itself, only later.
 func stepRegister(ctx context.Context, a *Agent) error {
-	node, err := RegisteredNode(a.Identity)
+	storage, err := a.registeredStorage()
+	if err != nil {
+		a.Log.Info("registering the node with the storage startup taint", "why", err)
+	}
+	node, err := RegisteredNode(a.Identity, storage)
 	if err != nil {
 		return err
 	}
@@ -76,7 +91,8 @@ func stepRegister(ctx context.Context, a *Agent) error {
 			cancel()
 			switch {
 			case err == nil:
-				a.Log.Info("node registered", "node", node.Name, "uptime", fmt.Sprintf("%.2fs", a.Uptime().Seconds()))
+				a.Log.Info("node registered", "node", node.Name, "uptime", fmt.Sprintf("%.2fs", a.Uptime().Seconds()),
+					"storageTaint", storage == nil)
 				return
 			case apierrors.IsAlreadyExists(err):
 				return // the kubelet was first
@@ -93,4 +109,22 @@ func stepRegister(ctx context.Context, a *Agent) error {
 		}
 	}()
 	return nil
+}
+
+// registeredStorage is the ephemeral storage the kubelet will report for its root
+// directory, or an error saying why the agent cannot tell.
+func (a *Agent) registeredStorage() (*Storage, error) {
+	if a.KubeletServer == nil {
+		return nil, errors.New("no kubelet configuration")
+	}
+	size, err := FilesystemBytes(a.Config.Layout.KubeletRoot)
+	if err != nil {
+		return nil, err
+	}
+	kc := &a.KubeletServer.KubeletConfiguration
+	s, err := KubeletStorage(size, kc.EvictionHard, kc.KubeReserved, kc.SystemReserved)
+	if err != nil {
+		return nil, err
+	}
+	return &s, nil
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/socialweb-computer/socialweb/internal/identity"
 )
@@ -14,7 +15,7 @@ import (
 // initializes the node) and the node-IP annotation.
 func TestRegisteredNode(t *testing.T) {
 	id := sampleIdentity()
-	n, err := RegisteredNode(id)
+	n, err := RegisteredNode(id, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,14 +31,31 @@ func TestRegisteredNode(t *testing.T) {
 	if n.Name != "ci-abc123" || n.Annotations["alpha.kubernetes.io/provided-node-ip"] != "10.250.3.2" {
 		t.Errorf("name %q annotations %v", n.Name, n.Annotations)
 	}
-	// The cloud provider's and the storage startup taint, both NoSchedule.
+	// Without its storage: the cloud provider's and the storage startup taint, both
+	// NoSchedule, and no capacity.
 	if len(n.Spec.Taints) != 2 || n.Spec.Taints[0].Key != "node.cloudprovider.kubernetes.io/uninitialized" ||
 		n.Spec.Taints[1].Key != identity.StorageTaintKey ||
 		n.Spec.Taints[0].Effect != corev1.TaintEffectNoSchedule || n.Spec.Taints[1].Effect != corev1.TaintEffectNoSchedule {
 		t.Errorf("taints %v", n.Spec.Taints)
 	}
+	if n.Status.Capacity != nil || n.Status.Allocatable != nil {
+		t.Errorf("without storage, status %v / %v, want none", n.Status.Capacity, n.Status.Allocatable)
+	}
+	// With it: the storage in the status, and no storage taint.
+	st := Storage{Capacity: resource.MustParse("10Gi"), Allocatable: resource.MustParse("9Gi")}
+	n, err = RegisteredNode(id, &st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(n.Spec.Taints) != 1 || n.Spec.Taints[0].Key != "node.cloudprovider.kubernetes.io/uninitialized" {
+		t.Errorf("with storage, taints %v, want only the cloud provider's", n.Spec.Taints)
+	}
+	c, a := n.Status.Capacity[corev1.ResourceEphemeralStorage], n.Status.Allocatable[corev1.ResourceEphemeralStorage]
+	if c.Cmp(st.Capacity) != 0 || a.Cmp(st.Allocatable) != 0 || len(n.Status.Capacity) != 1 || len(n.Status.Allocatable) != 1 {
+		t.Errorf("with storage, status %v / %v, want only ephemeral-storage 10Gi / 9Gi", n.Status.Capacity, n.Status.Allocatable)
+	}
 	id.Address = "not-an-address"
-	if _, err := RegisteredNode(id); err == nil {
+	if _, err := RegisteredNode(id, nil); err == nil {
 		t.Error("a bad node address was accepted")
 	}
 }

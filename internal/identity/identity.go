@@ -22,10 +22,12 @@ const MaxSize = 1 << 20
 // attaches the disk with it and the guest agent finds the disk by it.
 const DataDiskSerial = "socialweb-data"
 
-// StorageTaintKey is a startup taint (NoSchedule) every node registers with and the host
-// removes once the kubelet reports the node's ephemeral storage. Without it the scheduler
-// could bind a Pod that requests ephemeral storage while the kubelet's own view of its Node
-// still lacks that capacity, and the kubelet's admission would fail the Pod.
+// StorageTaintKey is a startup taint (NoSchedule) a node registers with when it cannot
+// say its ephemeral storage at registration (the agent then registers it with its
+// storage, and no taint), and the host removes once the kubelet reports it. Without it
+// the scheduler could bind a Pod that requests ephemeral storage while the kubelet's own
+// view of its Node still lacks that capacity, and the kubelet's admission would fail the
+// Pod.
 const StorageTaintKey = "socialweb.computer/storage-unmeasured"
 
 // Identity is one node's join configuration.

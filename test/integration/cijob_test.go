@@ -96,6 +96,7 @@ func TestCIJob(t *testing.T) {
 		t.Fatalf("the cluster should start at zero nodes: %v (%v)", nl, err)
 	}
 
+	firstNode := firstNodeVersions(t, ctx, admin)
 	job := newExecutorJob("gitlab-runner", 1, 7)
 	tJob := time.Now()
 	if _, err := runner.CoreV1().Secrets(job.ns).Create(ctx, job.secret(), metav1.CreateOptions{}); err != nil {
@@ -127,6 +128,7 @@ func TestCIJob(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the job's node %q: %v", pod.Spec.NodeName, err)
 	}
+	checkRegisteredStorage(t, firstNode(node.Name), node)
 	cpu, mem := node.Status.Capacity[corev1.ResourceCPU], node.Status.Capacity[corev1.ResourceMemory]
 	t.Logf("job Pod running on %s (%s vCPU, %s memory, %s ephemeral storage) %s after it was created; %s",
 		node.Name, cpu.String(), mem.String(), ptr(node.Status.Capacity[corev1.ResourceEphemeralStorage]).String(), tRunning.Round(time.Second), pullEvent(ctx, runner, job))

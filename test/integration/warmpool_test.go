@@ -137,6 +137,7 @@ func TestWarmPoolNode(t *testing.T) {
 			},
 		}
 	}
+	firstNode := firstNodeVersions(t, ctx, k)
 	tPod := time.Now()
 	if _, err := k.CoreV1().Pods("default").Create(ctx, mkPod("server",
 		"echo warm-ran-on-$(hostname); mkdir -p /www && echo reached-$(hostname) > /www/index.html && exec httpd -f -p 8080 -h /www"),
@@ -193,6 +194,11 @@ func TestWarmPoolNode(t *testing.T) {
 	server, _ := k.CoreV1().Pods("default").Get(ctx, "server", metav1.GetOptions{})
 	if server.Spec.NodeName != node.Name {
 		t.Errorf("step 3: Pod on %q, want %q", server.Spec.NodeName, node.Name)
+	}
+	if now, err := k.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{}); err != nil {
+		t.Errorf("step 3: node %s: %v", node.Name, err)
+	} else {
+		checkRegisteredStorage(t, firstNode(node.Name), now)
 	}
 	livetest.Eventually(t, time.Minute, time.Second, "the Pod's log (kubectl logs)", func() bool {
 		logs, err := k.CoreV1().Pods("default").GetLogs("server", &corev1.PodLogOptions{}).DoRaw(ctx)
