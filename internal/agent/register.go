@@ -117,7 +117,7 @@ func (a *Agent) registeredStorage() (*Storage, error) {
 	if a.KubeletServer == nil {
 		return nil, errors.New("no kubelet configuration")
 	}
-	size, err := FilesystemBytes(a.Config.Layout.KubeletRoot)
+	size, err := FilesystemBytes(a.Layout.KubeletRoot)
 	if err != nil {
 		return nil, err
 	}

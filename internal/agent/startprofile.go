@@ -72,9 +72,9 @@ func (a *Agent) profile(d time.Duration) {
 		a.Log.Warn("start profile: off", "err", err)
 		return
 	}
-	acctOn := startAcct(startAcctFile)
-	if acctOn != nil {
-		a.Log.Warn("start profile: no process accounting", "err", acctOn)
+	acctErr := startAcct(startAcctFile)
+	if acctErr != nil {
+		a.Log.Warn("start profile: no process accounting", "err", acctErr)
 	}
 	go func() {
 		// A CPU report each second of the window: which processes the start's seconds went to.
@@ -92,7 +92,7 @@ func (a *Agent) profile(d time.Duration) {
 			a.Log.Info("start profile cpu", "window", d, "report", cpuReport(first, prev, runtime.NumCPU(), 12))
 		}
 		pprof.StopCPUProfile()
-		if acctOn == nil {
+		if acctErr == nil {
 			a.logAcct(startAcctFile)
 		}
 		chunks := splitChunks(base64.StdEncoding.EncodeToString(buf.Bytes()), startProfileChunk)

@@ -68,8 +68,11 @@ func ClusterFrom(c *v1.Cluster, l lease.Lease, dir string) (Cluster, error) {
 		return Cluster{}, fmt.Errorf("node certificates of %s: %w", c.Name, err)
 	}
 	cl, err := clusterOf(c, l, tenant, ca, clientCA)
+	if err != nil {
+		return Cluster{}, err
+	}
 	cl.Minter.NodeSigner = signer
-	return cl, err
+	return cl, nil
 }
 
 // clusterOf is ClusterFrom once the files are read: the spec's sizes and the

@@ -1,9 +1,6 @@
 package pki
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -37,21 +34,15 @@ func (s *Signer) NodeClientCert(name string, now time.Time) (certPEM, keyPEM []b
 	if name == "" {
 		return nil, nil, fmt.Errorf("a node client certificate needs the node's name")
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, key, err := issue(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: "system:node:" + name, Organization: []string{"system:nodes"}},
+		NotBefore:   now.Add(-5 * time.Minute), // a guest clock a little behind the host's
+		NotAfter:    now.Add(NodeClientValidity),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, s.ca)
 	if err != nil {
-		return nil, nil, fmt.Errorf("generating the key of node %s: %w", name, err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: "system:node:" + name, Organization: []string{"system:nodes"}},
-		NotBefore:    now.Add(-5 * time.Minute), // a guest clock a little behind the host's
-		NotAfter:     now.Add(NodeClientValidity),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, s.ca.cert, key.Public(), s.ca.key)
-	if err != nil {
-		return nil, nil, fmt.Errorf("signing the client certificate of node %s: %w", name, err)
+		return nil, nil, fmt.Errorf("node %s: %w", name, err)
 	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {

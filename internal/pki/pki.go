@@ -213,25 +213,34 @@ func ensureLeaf(certPath, keyPath string, spec leafSpec, ca authority, now time.
 	if cur, err := loadPair(certPath, keyPath); err == nil && leafCurrent(cur.cert, spec, ca, now) {
 		return nil
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, key, err := issue(&x509.Certificate{
+		Subject:     spec.subject,
+		NotBefore:   now.Add(-time.Hour),
+		NotAfter:    now.Add(leafValidity),
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage: []x509.ExtKeyUsage{spec.usage},
+		IPAddresses: spec.ips,
+		DNSNames:    spec.names,
+	}, ca)
 	if err != nil {
-		return fmt.Errorf("generating key for %s: %w", spec.subject.CommonName, err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      spec.subject,
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(leafValidity),
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:  []x509.ExtKeyUsage{spec.usage},
-		IPAddresses:  spec.ips,
-		DNSNames:     spec.names,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
-	if err != nil {
-		return fmt.Errorf("signing certificate for %s: %w", spec.subject.CommonName, err)
+		return err
 	}
 	return writePair(certPath, keyPath, der, key)
+}
+
+// issue makes a new P-256 key and signs tmpl (given a fresh serial) for it with ca.
+func issue(tmpl *x509.Certificate, ca authority) ([]byte, *ecdsa.PrivateKey, error) {
+	name := tmpl.Subject.CommonName
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generating key for %s: %w", name, err)
+	}
+	tmpl.SerialNumber = serial()
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("signing certificate for %s: %w", name, err)
+	}
+	return der, key, nil
 }
 
 // leafCurrent says whether an existing leaf still matches what is wanted.
