@@ -470,8 +470,8 @@ func KubeletConfiguration(id identity.Identity, l Layout, o KubeletOptions) (*ku
 		// No KUBE-IPTABLES-HINT or KUBE-FIREWALL chains: the kubelet makes them with a
 		// dozen iptables and ip6tables runs before its sync loop starts (0.75 s of a TCG
 		// vCPU on a start's critical path) and checks them every minute. Nothing on a node
-		// reads the hint (kube-proxy here uses the node's iptables directly), and
-		// kube-proxy in iptables mode makes the same localnet rule itself.
+		// reads the hint (kube-proxy here runs in nftables mode), and the localnet rule
+		// guards route_localnet, which only kube-proxy's iptables mode turns on.
 		MakeIPTablesUtilChains: &f,
 	}
 	kc.APIVersion = kubeletv1beta1.SchemeGroupVersion.String()

@@ -646,7 +646,7 @@ func TestProxyConfig(t *testing.T) {
 	if err := yaml.UnmarshalStrict(ProxyConfig(id, l), &cfg); err != nil {
 		t.Fatalf("%v\n%s", err, ProxyConfig(id, l))
 	}
-	if cfg.Kind != "KubeProxyConfiguration" || cfg.Mode != "iptables" || cfg.HostnameOverride != id.NodeName ||
+	if cfg.Kind != "KubeProxyConfiguration" || cfg.Mode != "nftables" || cfg.HostnameOverride != id.NodeName ||
 		cfg.ClusterCIDR != "10.3.0.0/16" || cfg.ClientConnection.Kubeconfig != l.Kubeconfig || cfg.MetricsBindAddress != "127.0.0.1:10249" {
 		t.Errorf("kube-proxy config %+v", cfg)
 	}

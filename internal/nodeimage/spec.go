@@ -54,8 +54,9 @@ const (
 )
 
 // BasePackages are always passed to debootstrap --include; Spec.Packages adds to them.
+// nftables is kube-proxy's backend (its nft); iptables stays for the portmap plugin.
 var BasePackages = []string{
-	"containerd", "runc", "containernetworking-plugins", "iptables", "conntrack",
+	"containerd", "runc", "containernetworking-plugins", "iptables", "nftables", "conntrack",
 	"ca-certificates", "iproute2", "kmod",
 }
 

@@ -123,7 +123,7 @@ func TestFullCmdlineAndIncludes(t *testing.T) {
 		t.Errorf("FullCmdline = %q, want %q", got, want)
 	}
 	inc := s.IncludePackages()
-	want := []string{"ca-certificates", "conntrack", "containerd", "containernetworking-plugins", "iproute2", "iptables", "kmod", "runc", "socat"}
+	want := []string{"ca-certificates", "conntrack", "containerd", "containernetworking-plugins", "iproute2", "iptables", "kmod", "nftables", "runc", "socat"}
 	if !reflect.DeepEqual(inc, want) {
 		t.Errorf("IncludePackages = %v, want %v", inc, want)
 	}
