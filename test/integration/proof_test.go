@@ -481,7 +481,7 @@ func TestPodsOnTwoNodesReachEachOther(t *testing.T) {
 			slices, _ := k.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{})
 			con, _ := os.ReadFile(filepath.Join(d.stateDir, "nodes", pods["client"].Spec.NodeName, "console.log"))
 			t.Fatalf("the client did not reach %s (Service server) in 2m: %q, %v\nendpoint slices: %+v\nclient node console, kube-proxy lines:\n%s\nclient node console (tail):\n%s",
-				svcURL, out, lastErr, slices.Items, grepLines(string(con), "proxy", "iptables", "conntrack", "Sync"), tail(string(con), 30))
+				svcURL, out, lastErr, slices.Items, grepLines(string(con), "proxy", "nft", "conntrack", "Sync"), tail(string(con), 30))
 		}
 		time.Sleep(2 * time.Second)
 	}
