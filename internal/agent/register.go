@@ -20,16 +20,16 @@ import (
 // external cloud provider and the annotations it adds. The agent creates it as soon as
 // the kubelet has its client certificate.
 //
-// With storage (KubeletStorage), the Node's status carries the ephemeral storage the
-// kubelet will report, and it has no storage startup taint. Without it, it has the taint,
-// which the host removes once the kubelet has reported its storage.
+// With resources (KubeletResources), the Node's status carries the cpu, memory, pods and
+// ephemeral storage the kubelet will report, and it has no storage startup taint. Without
+// them, it has the taint, which the host removes once the kubelet has reported its storage.
 //
 // Why: the kubelet's CSINode initialization needs the Node to exist. It retries
 // 30 ms x 8^n apart, so a Node registered more than ~18 s after the kubelet got its
 // credentials (five TCG nodes booting at once on two cores) leaves the node NotReady
 // for another two minutes. The kubelet takes an existing Node as "previously
 // registered" and reconciles it (default labels, attach-detach annotation).
-func RegisteredNode(id identity.Identity, storage *Storage) (*corev1.Node, error) {
+func RegisteredNode(id identity.Identity, res *Resources) (*corev1.Node, error) {
 	ip, err := NodeIP(id)
 	if err != nil {
 		return nil, err
@@ -44,9 +44,9 @@ func RegisteredNode(id identity.Identity, storage *Storage) (*corev1.Node, error
 	maps.Copy(labels, id.Labels)
 	taints := []corev1.Taint{{Key: "node.cloudprovider.kubernetes.io/uninitialized", Value: "true", Effect: corev1.TaintEffectNoSchedule}}
 	var status corev1.NodeStatus
-	if storage != nil {
-		status.Capacity = corev1.ResourceList{corev1.ResourceEphemeralStorage: storage.Capacity}
-		status.Allocatable = corev1.ResourceList{corev1.ResourceEphemeralStorage: storage.Allocatable}
+	if res != nil {
+		status.Capacity = res.Capacity.DeepCopy()
+		status.Allocatable = res.Allocatable.DeepCopy()
 	} else {
 		taints = append(taints, StorageTaint())
 	}
@@ -74,11 +74,11 @@ func StorageTaint() corev1.Taint {
 // (see RegisteredNode). It does not wait: if it fails, the kubelet registers the node
 // itself, only later.
 func stepRegister(ctx context.Context, a *Agent) error {
-	storage, err := a.registeredStorage()
+	res, err := a.registeredResources()
 	if err != nil {
 		a.Log.Info("registering the node with the storage startup taint", "why", err)
 	}
-	node, err := RegisteredNode(a.Identity, storage)
+	node, err := RegisteredNode(a.Identity, res)
 	if err != nil {
 		return err
 	}
@@ -92,7 +92,7 @@ func stepRegister(ctx context.Context, a *Agent) error {
 			switch {
 			case err == nil:
 				a.Log.Info("node registered", "node", node.Name, "uptime", fmt.Sprintf("%.2fs", a.Uptime().Seconds()),
-					"storageTaint", storage == nil)
+					"storageTaint", res == nil)
 				return
 			case apierrors.IsAlreadyExists(err):
 				return // the kubelet was first
@@ -111,20 +111,20 @@ func stepRegister(ctx context.Context, a *Agent) error {
 	return nil
 }
 
-// registeredStorage is the ephemeral storage the kubelet will report for its root
-// directory, or an error saying why the agent cannot tell.
-func (a *Agent) registeredStorage() (*Storage, error) {
+// registeredResources are the resources the kubelet will report for this machine and its
+// root directory, or an error saying why the agent cannot tell.
+func (a *Agent) registeredResources() (*Resources, error) {
 	if a.KubeletServer == nil {
 		return nil, errors.New("no kubelet configuration")
 	}
-	size, err := FilesystemBytes(a.Layout.KubeletRoot)
+	m, err := MeasureMachine(a.Layout.KubeletRoot)
 	if err != nil {
 		return nil, err
 	}
 	kc := &a.KubeletServer.KubeletConfiguration
-	s, err := KubeletStorage(size, kc.EvictionHard, kc.KubeReserved, kc.SystemReserved)
+	r, err := KubeletResources(m, kc.MaxPods, kc.PodsPerCore, kc.EvictionHard, kc.KubeReserved, kc.SystemReserved)
 	if err != nil {
 		return nil, err
 	}
-	return &s, nil
+	return &r, nil
 }

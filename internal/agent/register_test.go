@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/api/equality"
 
 	"github.com/socialweb-computer/socialweb/internal/identity"
 )
@@ -42,17 +42,23 @@ func TestRegisteredNode(t *testing.T) {
 		t.Errorf("without storage, status %v / %v, want none", n.Status.Capacity, n.Status.Allocatable)
 	}
 	// With it: the storage in the status, and no storage taint.
-	st := Storage{Capacity: resource.MustParse("10Gi"), Allocatable: resource.MustParse("9Gi")}
+	st, err := KubeletResources(Machine{CPUs: 1, MemoryBytes: 1 << 30, StorageBytes: 10 << 30}, 110, 0,
+		map[string]string{"nodefs.available": "1Gi"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	n, err = RegisteredNode(id, &st)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(n.Spec.Taints) != 1 || n.Spec.Taints[0].Key != "node.cloudprovider.kubernetes.io/uninitialized" {
-		t.Errorf("with storage, taints %v, want only the cloud provider's", n.Spec.Taints)
+		t.Errorf("with resources, taints %v, want only the cloud provider's", n.Spec.Taints)
 	}
-	c, a := n.Status.Capacity[corev1.ResourceEphemeralStorage], n.Status.Allocatable[corev1.ResourceEphemeralStorage]
-	if c.Cmp(st.Capacity) != 0 || a.Cmp(st.Allocatable) != 0 || len(n.Status.Capacity) != 1 || len(n.Status.Allocatable) != 1 {
-		t.Errorf("with storage, status %v / %v, want only ephemeral-storage 10Gi / 9Gi", n.Status.Capacity, n.Status.Allocatable)
+	if !equality.Semantic.DeepEqual(n.Status.Capacity, st.Capacity) || !equality.Semantic.DeepEqual(n.Status.Allocatable, st.Allocatable) {
+		t.Errorf("with resources, status %v / %v, want %v / %v", n.Status.Capacity, n.Status.Allocatable, st.Capacity, st.Allocatable)
+	}
+	if p := n.Status.Allocatable[corev1.ResourcePods]; p.Value() != 110 {
+		t.Errorf("registered with %s pods allocatable, want 110: the kubelet admits against it", p.String())
 	}
 	id.Address = "not-an-address"
 	if _, err := RegisteredNode(id, nil); err == nil {

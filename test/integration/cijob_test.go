@@ -128,7 +128,7 @@ func TestCIJob(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the job's node %q: %v", pod.Spec.NodeName, err)
 	}
-	checkRegisteredStorage(t, firstNode(node.Name), node)
+	checkRegisteredResources(t, firstNode(node.Name), node)
 	cpu, mem := node.Status.Capacity[corev1.ResourceCPU], node.Status.Capacity[corev1.ResourceMemory]
 	t.Logf("job Pod running on %s (%s vCPU, %s memory, %s ephemeral storage) %s after it was created; %s",
 		node.Name, cpu.String(), mem.String(), ptr(node.Status.Capacity[corev1.ResourceEphemeralStorage]).String(), tRunning.Round(time.Second), pullEvent(ctx, runner, job))

@@ -198,7 +198,7 @@ func TestWarmPoolNode(t *testing.T) {
 	if now, err := k.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{}); err != nil {
 		t.Errorf("step 3: node %s: %v", node.Name, err)
 	} else {
-		checkRegisteredStorage(t, firstNode(node.Name), now)
+		checkRegisteredResources(t, firstNode(node.Name), now)
 	}
 	livetest.Eventually(t, time.Minute, time.Second, "the Pod's log (kubectl logs)", func() bool {
 		logs, err := k.CoreV1().Pods("default").GetLogs("server", &corev1.PodLogOptions{}).DoRaw(ctx)

@@ -48,10 +48,11 @@ func firstNodeVersions(t *testing.T, ctx context.Context, k kubernetes.Interface
 	}
 }
 
-// checkRegisteredStorage: the agent created the Node (first, as first seen) with the
-// ephemeral storage its kubelet went on to report (now), to the byte, and without the
-// storage startup taint: the kubelet's admission never saw less than the scheduler.
-func checkRegisteredStorage(t *testing.T, first, now *corev1.Node) {
+// checkRegisteredResources: the agent created the Node (first, as first seen) with the
+// cpu, memory, pods and ephemeral storage its kubelet went on to report (now), exactly,
+// and without the storage startup taint: the kubelet's admission, which reads its own
+// informer's copy of the Node, never saw less than the scheduler.
+func checkRegisteredResources(t *testing.T, first, now *corev1.Node) {
 	t.Helper()
 	if first == nil {
 		t.Errorf("the node's first version was not seen")
@@ -59,20 +60,22 @@ func checkRegisteredStorage(t *testing.T, first, now *corev1.Node) {
 	}
 	for _, taint := range first.Spec.Taints {
 		if taint.Key == identity.StorageTaintKey {
-			t.Errorf("node %s was created with the storage startup taint: the agent did not register it with its storage (its console says why)", first.Name)
+			t.Errorf("node %s was created with the storage startup taint: the agent did not register it with its resources (its console says why)", first.Name)
 		}
 	}
 	for _, l := range []struct {
 		what       string
 		first, now corev1.ResourceList
 	}{{"capacity", first.Status.Capacity, now.Status.Capacity}, {"allocatable", first.Status.Allocatable, now.Status.Allocatable}} {
-		f, fok := l.first[corev1.ResourceEphemeralStorage]
-		n, nok := l.now[corev1.ResourceEphemeralStorage]
-		if !fok || !nok || f.Cmp(n) != 0 {
-			t.Errorf("node %s: ephemeral-storage %s registered %s (%v), the kubelet reports %s (%v); want the same",
-				first.Name, l.what, f.String(), fok, n.String(), nok)
-		} else {
-			t.Logf("node %s: ephemeral-storage %s %s, registered and reported", first.Name, l.what, n.String())
+		for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourcePods, corev1.ResourceEphemeralStorage} {
+			f, fok := l.first[name]
+			n, nok := l.now[name]
+			if !fok || !nok || f.Cmp(n) != 0 {
+				t.Errorf("node %s: %s %s registered %s (%v), the kubelet reports %s (%v); want the same",
+					first.Name, name, l.what, f.String(), fok, n.String(), nok)
+			} else {
+				t.Logf("node %s: %s %s %s, registered and reported", first.Name, name, l.what, n.String())
+			}
 		}
 	}
 }
