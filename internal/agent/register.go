@@ -24,12 +24,19 @@ import (
 // ephemeral storage the kubelet will report, and it has no storage startup taint. Without
 // them, it has the taint, which the host removes once the kubelet has reported its storage.
 //
-// Why: the kubelet's CSINode initialization needs the Node to exist. It retries
+// Like the kubelet's own first status, it says the node is not Ready yet, and it carries
+// the not-ready NoSchedule taint the node lifecycle controller keeps for that condition
+// and removes once the kubelet reports Ready. Without them a Node registered with
+// capacity was schedulable before its kubelet ran: a Pod was bound to a node whose
+// kubelet never started (a stalled 2-vCPU TCG guest), which kept the node from being
+// replaced as stalled.
+//
+// Why register at all: the kubelet's CSINode initialization needs the Node to exist. It retries
 // 30 ms x 8^n apart, so a Node registered more than ~18 s after the kubelet got its
 // credentials (five TCG nodes booting at once on two cores) leaves the node NotReady
 // for another two minutes. The kubelet takes an existing Node as "previously
 // registered" and reconciles it (default labels, attach-detach annotation).
-func RegisteredNode(id identity.Identity, res *Resources) (*corev1.Node, error) {
+func RegisteredNode(id identity.Identity, res *Resources, now time.Time) (*corev1.Node, error) {
 	ip, err := NodeIP(id)
 	if err != nil {
 		return nil, err
@@ -42,8 +49,15 @@ func RegisteredNode(id identity.Identity, res *Resources) (*corev1.Node, error) 
 		"beta.kubernetes.io/arch": runtime.GOARCH,
 	}
 	maps.Copy(labels, id.Labels)
-	taints := []corev1.Taint{{Key: "node.cloudprovider.kubernetes.io/uninitialized", Value: "true", Effect: corev1.TaintEffectNoSchedule}}
-	var status corev1.NodeStatus
+	taints := []corev1.Taint{
+		{Key: "node.cloudprovider.kubernetes.io/uninitialized", Value: "true", Effect: corev1.TaintEffectNoSchedule},
+		{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoSchedule},
+	}
+	t := metav1.NewTime(now)
+	status := corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
+		Type: corev1.NodeReady, Status: corev1.ConditionFalse, Reason: "KubeletNotReady",
+		Message: "registered by the node agent; the kubelet has not reported yet", LastHeartbeatTime: t, LastTransitionTime: t,
+	}}}
 	if res != nil {
 		status.Capacity = res.Capacity.DeepCopy()
 		status.Allocatable = res.Allocatable.DeepCopy()
@@ -78,7 +92,7 @@ func stepRegister(ctx context.Context, a *Agent) error {
 	if err != nil {
 		a.Log.Info("registering the node with the storage startup taint", "why", err)
 	}
-	node, err := RegisteredNode(a.Identity, res)
+	node, err := RegisteredNode(a.Identity, res, time.Now())
 	if err != nil {
 		return err
 	}

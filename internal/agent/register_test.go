@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -15,7 +17,8 @@ import (
 // initializes the node) and the node-IP annotation.
 func TestRegisteredNode(t *testing.T) {
 	id := sampleIdentity()
-	n, err := RegisteredNode(id, nil)
+	now := time.Date(2026, 12, 3, 16, 0, 0, 0, time.UTC)
+	n, err := RegisteredNode(id, nil, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,12 +34,16 @@ func TestRegisteredNode(t *testing.T) {
 	if n.Name != "ci-abc123" || n.Annotations["alpha.kubernetes.io/provided-node-ip"] != "10.250.3.2" {
 		t.Errorf("name %q annotations %v", n.Name, n.Annotations)
 	}
-	// Without its storage: the cloud provider's and the storage startup taint, both
-	// NoSchedule, and no capacity.
-	if len(n.Spec.Taints) != 2 || n.Spec.Taints[0].Key != "node.cloudprovider.kubernetes.io/uninitialized" ||
-		n.Spec.Taints[1].Key != identity.StorageTaintKey ||
-		n.Spec.Taints[0].Effect != corev1.TaintEffectNoSchedule || n.Spec.Taints[1].Effect != corev1.TaintEffectNoSchedule {
-		t.Errorf("taints %v", n.Spec.Taints)
+	// Without its resources: the cloud provider's, the not-ready and the storage startup
+	// taint, all NoSchedule, and no capacity.
+	if got, want := noScheduleTaints(n), []string{"node.cloudprovider.kubernetes.io/uninitialized", corev1.TaintNodeNotReady, identity.StorageTaintKey}; !slices.Equal(got, want) {
+		t.Errorf("taints %v, want %v, all NoSchedule", n.Spec.Taints, want)
+	}
+	// Not Ready until the kubelet says so, as the kubelet's own first status: the node
+	// lifecycle controller keeps the not-ready taint while this holds.
+	if c := n.Status.Conditions; len(c) != 1 || c[0].Type != corev1.NodeReady || c[0].Status != corev1.ConditionFalse ||
+		!c[0].LastTransitionTime.Time.Equal(now) || !c[0].LastHeartbeatTime.Time.Equal(now) {
+		t.Errorf("conditions %+v, want Ready False at %s", c, now)
 	}
 	if n.Status.Capacity != nil || n.Status.Allocatable != nil {
 		t.Errorf("without storage, status %v / %v, want none", n.Status.Capacity, n.Status.Allocatable)
@@ -47,12 +54,12 @@ func TestRegisteredNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err = RegisteredNode(id, &st)
+	n, err = RegisteredNode(id, &st, now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(n.Spec.Taints) != 1 || n.Spec.Taints[0].Key != "node.cloudprovider.kubernetes.io/uninitialized" {
-		t.Errorf("with resources, taints %v, want only the cloud provider's", n.Spec.Taints)
+	if got, want := noScheduleTaints(n), []string{"node.cloudprovider.kubernetes.io/uninitialized", corev1.TaintNodeNotReady}; !slices.Equal(got, want) {
+		t.Errorf("with resources, taints %v, want %v (no storage taint), all NoSchedule", n.Spec.Taints, want)
 	}
 	if !equality.Semantic.DeepEqual(n.Status.Capacity, st.Capacity) || !equality.Semantic.DeepEqual(n.Status.Allocatable, st.Allocatable) {
 		t.Errorf("with resources, status %v / %v, want %v / %v", n.Status.Capacity, n.Status.Allocatable, st.Capacity, st.Allocatable)
@@ -61,7 +68,20 @@ func TestRegisteredNode(t *testing.T) {
 		t.Errorf("registered with %s pods allocatable, want 110: the kubelet admits against it", p.String())
 	}
 	id.Address = "not-an-address"
-	if _, err := RegisteredNode(id, nil); err == nil {
+	if _, err := RegisteredNode(id, nil, now); err == nil {
 		t.Error("a bad node address was accepted")
 	}
+}
+
+// noScheduleTaints are the keys of n's taints, "!"-prefixed for one of another effect.
+func noScheduleTaints(n *corev1.Node) []string {
+	var keys []string
+	for _, t := range n.Spec.Taints {
+		if t.Effect != corev1.TaintEffectNoSchedule {
+			keys = append(keys, "!"+t.Key)
+			continue
+		}
+		keys = append(keys, t.Key)
+	}
+	return keys
 }
