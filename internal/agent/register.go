@@ -24,12 +24,13 @@ import (
 // ephemeral storage the kubelet will report, and it has no storage startup taint. Without
 // them, it has the taint, which the host removes once the kubelet has reported its storage.
 //
-// Like the kubelet's own first status, it says the node is not Ready yet, and it carries
-// the not-ready NoSchedule taint the node lifecycle controller keeps for that condition
-// and removes once the kubelet reports Ready. Without them a Node registered with
-// capacity was schedulable before its kubelet ran: a Pod was bound to a node whose
-// kubelet never started (a stalled 2-vCPU TCG guest), which kept the node from being
-// replaced as stalled.
+// It carries the startup taint identity.KubeletNotReadyTaintKey, which the host removes
+// once the kubelet reports Ready: with capacity and no taint a Pod was bound to a node
+// whose kubelet never started (a stalled 2-vCPU TCG guest), which kept the node from
+// being replaced as stalled. Not a Ready False condition with the not-ready taint: a
+// Ready condition that is not True runs the kubelet's fast status loop (a CRI status
+// call and every status setter, each 100 ms) from its first second, and five starved
+// TCG nodes registered so ran slower until containerd's exit handling timed out.
 //
 // Why register at all: the kubelet's CSINode initialization needs the Node to exist. It retries
 // 30 ms x 8^n apart, so a Node registered more than ~18 s after the kubelet got its
@@ -51,13 +52,9 @@ func RegisteredNode(id identity.Identity, res *Resources, now time.Time) (*corev
 	maps.Copy(labels, id.Labels)
 	taints := []corev1.Taint{
 		{Key: "node.cloudprovider.kubernetes.io/uninitialized", Value: "true", Effect: corev1.TaintEffectNoSchedule},
-		{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoSchedule},
+		{Key: identity.KubeletNotReadyTaintKey, Value: "true", Effect: corev1.TaintEffectNoSchedule},
 	}
-	t := metav1.NewTime(now)
-	status := corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
-		Type: corev1.NodeReady, Status: corev1.ConditionFalse, Reason: "KubeletNotReady",
-		Message: "registered by the node agent; the kubelet has not reported yet", LastHeartbeatTime: t, LastTransitionTime: t,
-	}}}
+	var status corev1.NodeStatus
 	if res != nil {
 		status.Capacity = res.Capacity.DeepCopy()
 		status.Allocatable = res.Allocatable.DeepCopy()

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -33,17 +35,49 @@ func StorageMeasured(n *corev1.Node) bool {
 	return ok && cok && q.Sign() > 0 && c.Sign() > 0
 }
 
-func hasStorageTaint(n *corev1.Node) bool {
-	for _, t := range n.Spec.Taints {
-		if t.Key == identity.StorageTaintKey {
-			return true
+// KubeletReady says whether the kubelet has reported the node Ready, so the startup
+// taint identity.KubeletNotReadyTaintKey may go.
+func KubeletReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
 		}
 	}
 	return false
 }
 
-// storageController removes the startup taint from Nodes whose kubelet has reported
-// their ephemeral storage.
+// startupTaints are the taints a node registers with and the host removes: each goes
+// once its condition holds, after its settle.
+var startupTaints = []struct {
+	key    string
+	lifted func(*corev1.Node) bool
+	settle time.Duration
+}{
+	{identity.StorageTaintKey, StorageMeasured, storageSettle},
+	{identity.KubeletNotReadyTaintKey, KubeletReady, 0},
+}
+
+// liftable is the startup taints of n whose condition holds, and the longest settle
+// among them.
+func liftable(n *corev1.Node) (map[string]bool, time.Duration) {
+	keys := map[string]bool{}
+	var settle time.Duration
+	for _, st := range startupTaints {
+		if !st.lifted(n) {
+			continue
+		}
+		for _, t := range n.Spec.Taints {
+			if t.Key == st.key {
+				keys[st.key] = true
+				settle = max(settle, st.settle)
+			}
+		}
+	}
+	return keys, settle
+}
+
+// storageController removes the startup taints (startupTaints) from Nodes whose kubelet
+// has reported what each waits for.
 type storageController struct {
 	kube  kubernetes.Interface
 	nodes coreinformers.NodeInformer
@@ -58,8 +92,10 @@ func newStorageController(kube kubernetes.Interface, nodes coreinformers.NodeInf
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "storage-taint"}),
 	}
 	enqueue := func(obj any) {
-		if n, ok := obj.(*corev1.Node); ok && hasStorageTaint(n) && StorageMeasured(n) {
-			c.queue.AddAfter(n.Name, storageSettle)
+		if n, ok := obj.(*corev1.Node); ok {
+			if keys, settle := liftable(n); len(keys) > 0 {
+				c.queue.AddAfter(n.Name, settle)
+			}
 		}
 	}
 	_, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -105,12 +141,13 @@ func (c *storageController) untaint(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if !hasStorageTaint(n) || !StorageMeasured(n) {
+	keys, _ := liftable(n)
+	if len(keys) == 0 {
 		return nil
 	}
 	var kept []corev1.Taint
 	for _, t := range n.Spec.Taints {
-		if t.Key != identity.StorageTaintKey {
+		if !keys[t.Key] {
 			kept = append(kept, t)
 		}
 	}
@@ -129,6 +166,6 @@ func (c *storageController) untaint(ctx context.Context, name string) error {
 		return fmt.Errorf("patch taints of %s: %w", name, err)
 	}
 	eph := n.Status.Allocatable[corev1.ResourceEphemeralStorage]
-	c.log.Info("node storage measured; schedulable", "node", name, "ephemeralStorage", eph.String())
+	c.log.Info("startup taints removed", "node", name, "taints", slices.Sorted(maps.Keys(keys)), "ephemeralStorage", eph.String())
 	return nil
 }

@@ -55,14 +55,15 @@ func TestStorageMeasured(t *testing.T) {
 	}
 }
 
-// TestStorageTaint: the startup taint goes once the kubelet reports ephemeral storage,
-// and only then; other taints stay.
-func TestStorageTaint(t *testing.T) {
+// TestStartupTaints: the storage taint goes once the kubelet reports ephemeral storage,
+// the kubelet-not-ready taint once it reports Ready, each only then; other taints stay.
+func TestStartupTaints(t *testing.T) {
 	const other = "example.com/other"
 	kube := fake.NewSimpleClientset(
 		storageNode("measured", "9Gi", other, identity.StorageTaintKey),
 		storageNode("unmeasured", "", identity.StorageTaintKey),
 		storageNode("plain", "9Gi", other),
+		storageNode("starting", "9Gi", identity.KubeletNotReadyTaintKey),
 	)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -98,4 +99,36 @@ func TestStorageTaint(t *testing.T) {
 	livetest.Eventually(t, 10*time.Second, 50*time.Millisecond, "the taint to go once storage is reported", func() bool {
 		return len(get("unmeasured").Spec.Taints) == 0
 	})
+
+	if got := taintKeys(get("starting")); !slices.Equal(got, []string{identity.KubeletNotReadyTaintKey}) {
+		t.Errorf("starting node's taints = %v; the taint must stay until the kubelet reports Ready", got)
+	}
+	n = get("starting")
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	if _, err := kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	livetest.Eventually(t, 10*time.Second, 50*time.Millisecond, "the kubelet-not-ready taint to go at Ready", func() bool {
+		return len(get("starting").Spec.Taints) == 0
+	})
+}
+
+func TestKubeletReady(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cs   []corev1.NodeCondition
+		want bool
+	}{
+		{"no conditions", nil, false},
+		{"ready", []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}, true},
+		{"not ready", []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionFalse}}, false},
+		{"unknown", []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown}}, false},
+		{"other condition true", []corev1.NodeCondition{{Type: corev1.NodeDiskPressure, Status: corev1.ConditionTrue}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := KubeletReady(&corev1.Node{Status: corev1.NodeStatus{Conditions: tc.cs}}); got != tc.want {
+				t.Errorf("KubeletReady = %v, want %v", got, tc.want)
+			}
+		})
+	}
 }

@@ -30,6 +30,13 @@ const DataDiskSerial = "socialweb-data"
 // Pod.
 const StorageTaintKey = "socialweb.computer/storage-unmeasured"
 
+// KubeletNotReadyTaintKey is a startup taint (NoSchedule) the agent registers a Node
+// with, and the host removes once the kubelet reports the node Ready. It keeps a Node
+// registered with its capacity from being bound before its kubelet runs, without a
+// registered Ready False condition (which starts the kubelet's 100 ms fast status loop
+// from its first second).
+const KubeletNotReadyTaintKey = "socialweb.computer/kubelet-not-ready"
+
 // Identity is one node's join configuration.
 type Identity struct {
 	Cluster    string `json:"cluster"`

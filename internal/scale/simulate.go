@@ -149,6 +149,7 @@ var transientTaints = map[string]bool{
 	corev1.TaintNodeUnschedulable:                    true,
 	"node.cloudprovider.kubernetes.io/uninitialized": true,
 	identity.StorageTaintKey:                         true,
+	identity.KubeletNotReadyTaintKey:                 true,
 }
 
 // daemon is a DaemonSet's Pod as every new node it selects will run it.

@@ -63,13 +63,12 @@ func checkRegisteredResources(t *testing.T, first, now *corev1.Node) {
 		if taint.Key == identity.StorageTaintKey {
 			t.Errorf("node %s was created with the storage startup taint: the agent did not register it with its resources (its console says why)", first.Name)
 		}
-		notReady = notReady || taint.Key == corev1.TaintNodeNotReady && taint.Effect == corev1.TaintEffectNoSchedule
+		notReady = notReady || taint.Key == identity.KubeletNotReadyTaintKey && taint.Effect == corev1.TaintEffectNoSchedule
 	}
-	// Not schedulable before its kubelet has said Ready.
-	if !notReady || len(first.Status.Conditions) != 1 || first.Status.Conditions[0].Type != corev1.NodeReady ||
-		first.Status.Conditions[0].Status != corev1.ConditionFalse {
-		t.Errorf("node %s was created with taints %v and conditions %v; want the not-ready NoSchedule taint and Ready False",
-			first.Name, first.Spec.Taints, first.Status.Conditions)
+	// Not schedulable before its kubelet has said Ready, and no Ready condition of its own.
+	if !notReady || len(first.Status.Conditions) != 0 {
+		t.Errorf("node %s was created with taints %v and conditions %v; want the %s NoSchedule taint and no conditions",
+			first.Name, first.Spec.Taints, first.Status.Conditions, identity.KubeletNotReadyTaintKey)
 	}
 	for _, l := range []struct {
 		what       string
