@@ -37,7 +37,7 @@ import (
 // credentials (five TCG nodes booting at once on two cores) leaves the node NotReady
 // for another two minutes. The kubelet takes an existing Node as "previously
 // registered" and reconciles it (default labels, attach-detach annotation).
-func RegisteredNode(id identity.Identity, res *Resources, now time.Time) (*corev1.Node, error) {
+func RegisteredNode(id identity.Identity, res *Resources) (*corev1.Node, error) {
 	ip, err := NodeIP(id)
 	if err != nil {
 		return nil, err
@@ -89,7 +89,7 @@ func stepRegister(ctx context.Context, a *Agent) error {
 	if err != nil {
 		a.Log.Info("registering the node with the storage startup taint", "why", err)
 	}
-	node, err := RegisteredNode(a.Identity, res, time.Now())
+	node, err := RegisteredNode(a.Identity, res)
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package agent
 import (
 	"slices"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -17,8 +16,7 @@ import (
 // initializes the node) and the node-IP annotation.
 func TestRegisteredNode(t *testing.T) {
 	id := sampleIdentity()
-	now := time.Date(2026, 12, 3, 16, 0, 0, 0, time.UTC)
-	n, err := RegisteredNode(id, nil, now)
+	n, err := RegisteredNode(id, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +51,7 @@ func TestRegisteredNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err = RegisteredNode(id, &st, now)
+	n, err = RegisteredNode(id, &st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +65,7 @@ func TestRegisteredNode(t *testing.T) {
 		t.Errorf("registered with %s pods allocatable, want 110: the kubelet admits against it", p.String())
 	}
 	id.Address = "not-an-address"
-	if _, err := RegisteredNode(id, nil, now); err == nil {
+	if _, err := RegisteredNode(id, nil); err == nil {
 		t.Error("a bad node address was accepted")
 	}
 }
