@@ -57,6 +57,13 @@ type Identity struct {
 	// bootstraps with BootstrapToken.
 	KubeletClientCert string `json:"kubeletClientCert,omitempty"`
 	KubeletClientKey  string `json:"kubeletClientKey,omitempty"`
+	// KubeletServingCert and KubeletServingKey (PEM, both or neither) are the kubelet's
+	// serving certificate for NodeName and Address's IP from the cluster's server CA,
+	// issued by the host: the tenant apiserver verifies the kubelet against that CA
+	// (--kubelet-certificate-authority) for logs, exec and port-forward. Without them the
+	// agent makes a self-signed one.
+	KubeletServingCert string `json:"kubeletServingCert,omitempty"`
+	KubeletServingKey  string `json:"kubeletServingKey,omitempty"`
 	// Address is the node's address with prefix, e.g. 10.250.3.2/24.
 	Address string `json:"address"`
 	Gateway string `json:"gateway"`
@@ -93,6 +100,9 @@ func (id Identity) Validate() error {
 	need("bootstrapToken", id.BootstrapToken)
 	if (id.KubeletClientCert == "") != (id.KubeletClientKey == "") {
 		errs = append(errs, errors.New("kubeletClientCert and kubeletClientKey go together: give both or neither"))
+	}
+	if (id.KubeletServingCert == "") != (id.KubeletServingKey == "") {
+		errs = append(errs, errors.New("kubeletServingCert and kubeletServingKey go together: give both or neither"))
 	}
 	if _, _, err := net.ParseCIDR(id.Address); err != nil {
 		errs = append(errs, fmt.Errorf("address %q is not an address/prefix", id.Address))

@@ -17,7 +17,9 @@ func sample() Identity {
 
 func TestRoundTrip(t *testing.T) {
 	var buf bytes.Buffer
-	if err := Encode(&buf, sample()); err != nil {
+	in := sample()
+	in.KubeletServingCert, in.KubeletServingKey = "SERVING CERT", "SERVING KEY"
+	if err := Encode(&buf, in); err != nil {
 		t.Fatal(err)
 	}
 	if buf.Len()%512 != 0 {
@@ -27,7 +29,8 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.NodeName != "ci-abc123" || got.Labels["a"] != "b" || got.MaxPods != 110 {
+	if got.NodeName != "ci-abc123" || got.Labels["a"] != "b" || got.MaxPods != 110 ||
+		got.KubeletServingCert != "SERVING CERT" || got.KubeletServingKey != "SERVING KEY" {
 		t.Errorf("round trip lost data: %+v", got)
 	}
 }
@@ -46,6 +49,12 @@ func TestValidate(t *testing.T) {
 		{"client certificate and key", func(i *Identity) { i.KubeletClientCert, i.KubeletClientKey = "CERT", "KEY" }, ""},
 		{"client certificate without its key", func(i *Identity) { i.KubeletClientCert = "CERT" }, "give both or neither"},
 		{"client key without its certificate", func(i *Identity) { i.KubeletClientKey = "KEY" }, "give both or neither"},
+		{"serving certificate and key", func(i *Identity) { i.KubeletServingCert, i.KubeletServingKey = "CERT", "KEY" }, ""},
+		{"serving certificate without its key", func(i *Identity) { i.KubeletServingCert = "CERT" }, "kubeletServingCert and kubeletServingKey go together"},
+		{"serving key without its certificate", func(i *Identity) { i.KubeletServingKey = "KEY" }, "kubeletServingCert and kubeletServingKey go together"},
+		{"client pair, serving key alone", func(i *Identity) {
+			i.KubeletClientCert, i.KubeletClientKey, i.KubeletServingKey = "CERT", "KEY", "KEY"
+		}, "kubeletServingCert and kubeletServingKey go together"},
 	}
 	for _, tt := range tests {
 		id := sample()
