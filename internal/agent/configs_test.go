@@ -672,7 +672,7 @@ func hostIssuedClientCert(t *testing.T, name string) (certPEM, keyPEM string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := pki.LoadClientSigner(p)
+	s, err := pki.LoadNodeSigner(p)
 	if err != nil {
 		t.Fatal(err)
 	}

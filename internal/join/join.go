@@ -39,7 +39,7 @@ type Minter struct {
 	Registry  string // http://<gateway>:<port>
 	// NodeSigner issues each node's kubelet client certificate (nil: the kubelet
 	// bootstraps one with the token).
-	NodeSigner *pki.Signer
+	NodeSigner *pki.NodeSigner
 	TTL        time.Duration
 	Now        func() time.Time
 }

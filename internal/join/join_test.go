@@ -55,7 +55,7 @@ func TestIdentityCarriesTheNodesClientCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	signer, err := pki.LoadClientSigner(p)
+	signer, err := pki.LoadNodeSigner(p)
 	if err != nil {
 		t.Fatal(err)
 	}

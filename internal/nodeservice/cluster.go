@@ -63,7 +63,7 @@ func ClusterFrom(c *v1.Cluster, l lease.Lease, dir string) (Cluster, error) {
 	if err != nil {
 		return Cluster{}, fmt.Errorf("client CA of %s: %w", c.Name, err)
 	}
-	signer, err := pki.LoadClientSigner(paths)
+	signer, err := pki.LoadNodeSigner(paths)
 	if err != nil {
 		return Cluster{}, fmt.Errorf("node certificates of %s: %w", c.Name, err)
 	}
