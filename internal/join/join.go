@@ -1,7 +1,7 @@
 // Package join mints what one node needs to join its tenant cluster: a
 // short-lived bootstrap token, registered in the tenant, the kubelet's client
-// certificate when the minter has the cluster's signer, and the identity
-// document the guest agent reads from its identity disk.
+// and serving certificates when the minter has the cluster's signer, and the
+// identity document the guest agent reads from its identity disk.
 package join
 
 import (
@@ -37,8 +37,9 @@ type Minter struct {
 	ClientCA  []byte // the tenant's client CA, PEM (signs the apiserver's kubelet client cert)
 	Plan      nodenet.Plan
 	Registry  string // http://<gateway>:<port>
-	// NodeSigner issues each node's kubelet client certificate (nil: the kubelet
-	// bootstraps one with the token).
+	// NodeSigner issues each node's kubelet client and serving certificates (nil: the
+	// kubelet bootstraps a client certificate with the token, and the agent makes a
+	// self-signed serving certificate).
 	NodeSigner *pki.NodeSigner
 	TTL        time.Duration
 	Now        func() time.Time
@@ -99,6 +100,12 @@ func (m Minter) Identity(ctx context.Context, req nodes.NodeRequest, addr net.IP
 			return identity.Identity{}, err
 		}
 		ident.KubeletClientCert, ident.KubeletClientKey = string(cert), string(key)
+		// For addr: the node's InternalIP, which the apiserver dials.
+		cert, key, err = m.NodeSigner.NodeServingCert(req.Name, addr, now())
+		if err != nil {
+			return identity.Identity{}, err
+		}
+		ident.KubeletServingCert, ident.KubeletServingKey = string(cert), string(key)
 	}
 	return ident, ident.Validate()
 }

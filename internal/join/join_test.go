@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"net"
+	"os"
 	"regexp"
 	"testing"
 	"time"
@@ -48,7 +49,7 @@ func TestIdentityRegistersAShortLivedToken(t *testing.T) {
 	}
 }
 
-func TestIdentityCarriesTheNodesClientCertificate(t *testing.T) {
+func TestIdentityCarriesTheNodesCertificates(t *testing.T) {
 	plan, _ := nodenet.ForIndex(3)
 	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	p, err := pki.Ensure(t.TempDir(), pki.Options{Now: now})
@@ -66,8 +67,8 @@ func TestIdentityCarriesTheNodesClientCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if id.KubeletClientCert != "" || id.KubeletClientKey != "" {
-		t.Error("a minter without a signer issued a client certificate")
+	if id.KubeletClientCert != "" || id.KubeletClientKey != "" || id.KubeletServingCert != "" || id.KubeletServingKey != "" {
+		t.Error("a minter without a signer issued a certificate")
 	}
 	m.NodeSigner = signer
 	id, err = m.Identity(context.Background(), req, net.ParseIP("10.250.3.2"), "")
@@ -84,5 +85,32 @@ func TestIdentityCarriesTheNodesClientCertificate(t *testing.T) {
 	}
 	if id.BootstrapToken == "" {
 		t.Error("no bootstrap token beside the certificate (the kubelet rotates through a CSR)")
+	}
+	// The serving certificate: what the tenant apiserver accepts (its
+	// --kubelet-certificate-authority is the server CA) when it dials the node.
+	pair, err = tls.X509KeyPair([]byte(id.KubeletServingCert), []byte(id.KubeletServingKey))
+	if err != nil {
+		t.Fatalf("the identity's serving certificate and key: %v", err)
+	}
+	serving, _ := x509.ParseCertificate(pair.Certificate[0])
+	caPEM, err := os.ReadFile(p.ServerCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverCA := x509.NewCertPool()
+	serverCA.AppendCertsFromPEM(caPEM)
+	for _, tc := range []struct {
+		host   string
+		verify bool
+	}{
+		{"10.250.3.2", true}, // the node's address, its InternalIP
+		{"ci-abc", true},
+		{"10.250.3.3", false},
+		{"ci-other", false},
+	} {
+		_, err := serving.Verify(x509.VerifyOptions{Roots: serverCA, DNSName: tc.host, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+		if (err == nil) != tc.verify {
+			t.Errorf("serving certificate verified for %s under the server CA: %v, want %v (err %v)", tc.host, err == nil, tc.verify, err)
+		}
 	}
 }
