@@ -68,7 +68,9 @@
 // Identity.CACert verifies the apiserver; Identity.ClientCACert is the
 // kubelet's client CA (x509 authentication of the apiserver's kubelet client
 // certificate, for logs/exec/port-forward). They are kept apart so a
-// certificate from the client CA can never pass for the apiserver.
+// certificate from the client CA can never pass for the apiserver. The
+// kubelet's serving certificate from the host (Identity.KubeletServingCert)
+// is from the server CA, which the apiserver verifies the kubelet against.
 package agent
 
 import (

@@ -64,7 +64,7 @@ type Layout struct {
 	KubeletConfig       string // KubeletConfiguration (YAML)
 	ProxyConfig         string // KubeProxyConfiguration (YAML)
 	KubeletCertDir      string // --cert-dir: the client certificate after bootstrap
-	KubeletServingCert  string // tlsCertFile: self-signed, made by the agent (see ServingCert)
+	KubeletServingCert  string // tlsCertFile: from the host (Identity.KubeletServingCert), else self-signed (ServingCert)
 	KubeletServingKey   string // tlsPrivateKeyFile
 	Kubeconfig          string // --kubeconfig, written by the kubelet after TLS bootstrap
 	BootstrapKubeconfig string // --bootstrap-kubeconfig
@@ -417,13 +417,15 @@ type KubeletOptions struct {
 // KubeletConfiguration is the kubelet's configuration file
 // (kubelet.config.k8s.io/v1beta1).
 //
-// Authentication and serving: the kubelet serves :10250 with a self-signed
-// certificate the agent makes (ServingCert; ECDSA, because the kubelet's
-// own fallback generates two RSA keys, which takes seconds under TCG). No
+// Authentication and serving: the kubelet serves :10250 with the certificate
+// the host issued from the cluster's server CA (Identity.KubeletServingCert),
+// which the tenant apiserver verifies (--kubelet-certificate-authority) when
+// it proxies logs, exec and port-forward. An identity without one gets a
+// self-signed certificate the agent makes (ServingCert; ECDSA, because the
+// kubelet's own fallback generates two RSA keys, which takes seconds under
+// TCG), which only an apiserver without that flag accepts. No
 // serverTLSBootstrap: nothing in the tenant control plane approves
-// kubelet-serving CSRs, and the apiserver runs without
-// --kubelet-certificate-authority, so it does not verify the kubelet's
-// serving certificate. Requests are authenticated by client
+// kubelet-serving CSRs. Requests are authenticated by client
 // certificate against Identity.CACert (the apiserver's kubelet client
 // certificate must chain to a CA in that bundle: see the package comment)
 // and by bearer token through TokenReview, and authorized through
@@ -547,7 +549,8 @@ func KubeletFlags(id identity.Identity, l Layout) ([]string, error) {
 }
 
 // ServingCert makes the kubelet's self-signed serving certificate and key
-// (PEM): ECDSA P-256, for the node name and address, valid for a year.
+// (PEM): ECDSA P-256, for the node name and address, valid for a year. Only
+// for an identity without one from the host.
 func ServingCert(id identity.Identity, now time.Time) (certPEM, keyPEM []byte, err error) {
 	ip, err := NodeIP(id)
 	if err != nil {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -408,9 +409,12 @@ func TestResolvConfAndHosts(t *testing.T) {
 // loads them with the kubelet's own loader, defaulting and validation, as
 // the node does.
 func TestKubeletConfigLoads(t *testing.T) {
+	var earlier []byte // a serving certificate an earlier boot made
 	tests := []struct {
-		name    string
-		mutate  func(*identity.Identity)
+		name   string
+		mutate func(*identity.Identity)
+		// disk, when set, leaves on the disk what an earlier boot of it did.
+		disk    func(t *testing.T, id identity.Identity, l Layout)
 		check   func(t *testing.T, id identity.Identity, a *Agent)
 		wantErr string
 	}{
@@ -456,6 +460,29 @@ func TestKubeletConfigLoads(t *testing.T) {
 				t.Errorf("the kubeconfig's certificate and key: %v", err)
 			}
 		}},
+		{name: "serving certificate from the host", mutate: func(id *identity.Identity) {
+			id.KubeletServingCert, id.KubeletServingKey = hostIssuedServingCert(t, *id, time.Now())
+		}, check: checkHostServingCert},
+		{name: "serving certificate from the host replaces a self-signed one", mutate: func(id *identity.Identity) {
+			id.KubeletServingCert, id.KubeletServingKey = hostIssuedServingCert(t, *id, time.Now())
+		}, disk: func(t *testing.T, id identity.Identity, l Layout) {
+			// Valid for this node, so it would be kept without one from the host.
+			selfSigned(t, id, l)
+		}, check: checkHostServingCert},
+		{name: "serving certificate from the host near its end is used all the same", mutate: func(id *identity.Identity) {
+			// The agent would replace a certificate of its own this close to its end, but
+			// one it makes itself the apiserver refuses.
+			id.KubeletServingCert, id.KubeletServingKey = hostIssuedServingCert(t, *id, time.Now().Add(-pki.NodeCertValidity+time.Hour))
+		}, check: checkHostServingCert},
+		{name: "no serving certificate from the host: a self-signed one is kept", mutate: func(*identity.Identity) {},
+			disk: func(t *testing.T, id identity.Identity, l Layout) {
+				selfSigned(t, id, l)
+				earlier = readServingCert(t, l)
+			}, check: func(t *testing.T, id identity.Identity, a *Agent) {
+				if !bytes.Equal(readServingCert(t, a.Layout), earlier) {
+					t.Error("the self-signed serving certificate an earlier boot made was replaced")
+				}
+			}},
 		{name: "no client certificate: the kubelet bootstraps", mutate: func(*identity.Identity) {},
 			check: func(t *testing.T, id identity.Identity, a *Agent) {
 				for _, f := range []string{KubeletClientCurrent(a.Layout), a.Layout.Kubeconfig} {
@@ -474,6 +501,9 @@ func TestKubeletConfigLoads(t *testing.T) {
 			_, err := os.Stat("/sys/fs/cgroup/cgroup.controllers")
 			a := New(Config{Layout: l, Kubelet: KubeletOptions{AllowCgroupV1: err != nil}})
 			a.Identity = id
+			if tt.disk != nil {
+				tt.disk(t, id, l)
+			}
 			err = stepKubeletConfig(context.Background(), a)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
@@ -536,7 +566,8 @@ func TestKubeletConfigLoads(t *testing.T) {
 			if b, err := os.ReadFile(l.CACert); err != nil || string(b) != id.CACert {
 				t.Errorf("CA file: %q, %v", b, err)
 			}
-			if !servingCertValid(l, id) {
+			// The host's is checked by checkHostServingCert.
+			if id.KubeletServingCert == "" && !servingCertValid(l, id) {
 				t.Errorf("no valid serving certificate for %s at %s", id.NodeName, l.KubeletServingCert)
 			}
 			if tt.check != nil {
@@ -681,4 +712,86 @@ func hostIssuedClientCert(t *testing.T, name string) (certPEM, keyPEM string) {
 		t.Fatal(err)
 	}
 	return string(c), string(k)
+}
+
+// hostIssuedServingCert is a serving certificate for id's node name and address from a
+// throwaway server CA, as the host issues one at now.
+func hostIssuedServingCert(t *testing.T, id identity.Identity, now time.Time) (certPEM, keyPEM string) {
+	t.Helper()
+	p, err := pki.Ensure(t.TempDir(), pki.Options{Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := pki.LoadNodeSigner(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, err := NodeIP(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, k, err := s.NodeServingCert(id.NodeName, ip, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(c), string(k)
+}
+
+// selfSigned leaves a self-signed serving certificate for id's node on the disk, as an
+// earlier boot without one from the host did.
+func selfSigned(t *testing.T, id identity.Identity, l Layout) {
+	t.Helper()
+	crt, key, err := ServingCert(id, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFiles([]File{{l.KubeletServingKey, key, 0o600}, {l.KubeletServingCert, crt, 0o644}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readServingCert(t *testing.T, l Layout) []byte {
+	t.Helper()
+	b, err := os.ReadFile(l.KubeletServingCert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// servingCertOnDisk is the kubelet's serving certificate, checked to pair with its key.
+func servingCertOnDisk(t *testing.T, l Layout) *x509.Certificate {
+	t.Helper()
+	pair, err := tls.LoadX509KeyPair(l.KubeletServingCert, l.KubeletServingKey)
+	if err != nil {
+		t.Fatalf("the kubelet's serving certificate and key: %v", err)
+	}
+	c, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// checkHostServingCert: the kubelet serves with the identity's certificate and key, the
+// key readable by root alone.
+func checkHostServingCert(t *testing.T, id identity.Identity, a *Agent) {
+	for _, f := range []struct {
+		path, want string
+		mode       os.FileMode
+	}{
+		{a.Layout.KubeletServingCert, id.KubeletServingCert, 0o644},
+		{a.Layout.KubeletServingKey, id.KubeletServingKey, 0o600},
+	} {
+		b, err := os.ReadFile(f.path)
+		if err != nil || string(b) != f.want {
+			t.Errorf("%s: %v; does not hold the identity's", f.path, err)
+		}
+		if st, err := os.Stat(f.path); err != nil || st.Mode().Perm() != f.mode {
+			t.Errorf("%s: %v, %v; want mode %v", f.path, st, err, f.mode)
+		}
+	}
+	if c := servingCertOnDisk(t, a.Layout); c.Subject.CommonName != "system:node:"+id.NodeName {
+		t.Errorf("serving certificate for %q, want the host's for system:node:%s", c.Subject.CommonName, id.NodeName)
+	}
 }

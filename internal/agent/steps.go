@@ -614,10 +614,11 @@ func RegistryFile(id identity.Identity, l Layout) (*File, error) {
 }
 
 // KubeletFiles are the CA bundle, the bootstrap kubeconfig and the kubelet
-// configuration, and when the host issued the kubelet's client certificate, that
+// configuration; when the host issued the kubelet's client certificate, that
 // certificate where the kubelet keeps its current one and the kubeconfig naming it, so
 // the kubelet (and everything here that waits for its credentials) starts without a TLS
-// bootstrap.
+// bootstrap; and when the host issued its serving certificate, that certificate and key,
+// written over whatever an earlier boot of this disk left there.
 func KubeletFiles(id identity.Identity, l Layout, o KubeletOptions) ([]File, error) {
 	boot, err := BootstrapKubeconfig(id, l)
 	if err != nil {
@@ -642,6 +643,11 @@ func KubeletFiles(id identity.Identity, l Layout, o KubeletOptions) ([]File, err
 		files = append(files,
 			File{current, []byte(id.KubeletClientCert + id.KubeletClientKey), 0o600},
 			File{l.Kubeconfig, kubeconfig, 0o600})
+	}
+	if id.KubeletServingCert != "" {
+		files = append(files,
+			File{l.KubeletServingKey, []byte(id.KubeletServingKey), 0o600},
+			File{l.KubeletServingCert, []byte(id.KubeletServingCert), 0o644})
 	}
 	return files, nil
 }
@@ -761,9 +767,10 @@ func stepKubeletConfig(ctx context.Context, a *Agent) error {
 	if err := writeFiles(files); err != nil {
 		return err
 	}
-	// A serving certificate from an earlier boot of this disk is kept when
-	// it names this node.
-	if !servingCertValid(a.Layout, a.Identity) {
+	// Without one from the host (KubeletFiles wrote that, and it always wins), a
+	// serving certificate from an earlier boot of this disk is kept when it names this
+	// node.
+	if a.Identity.KubeletServingCert == "" && !servingCertValid(a.Layout, a.Identity) {
 		crt, key, err := ServingCert(a.Identity, time.Now())
 		if err != nil {
 			return err
