@@ -46,6 +46,10 @@ func apiserverArgs(c Config) []string {
 			// Node names are unique per boot and resolve nowhere; the node's address
 			// (set by the kubelet and the cloud controller) is how logs and exec reach it.
 			"--kubelet-preferred-address-types=InternalIP,Hostname",
+			// Each kubelet serves with a certificate from the server CA for its name and
+			// address (the host issues it onto the node's identity disk), so logs, exec
+			// and port-forward reach the node they name and no other.
+			"--kubelet-certificate-authority="+p.ServerCA,
 			// The apiserver runs on the host, where ClusterIPs route nowhere (they are
 			// the nodes' doing) but Pod IPs do (podroutes): admission webhooks and
 			// aggregated APIs are dialled at their Service's endpoints.

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	apiserveroptions "k8s.io/kubernetes/cmd/kube-apiserver/app/options"
 )
 
 func TestAPIServerArgs(t *testing.T) {
@@ -25,14 +27,20 @@ func TestAPIServerArgs(t *testing.T) {
 		wantNot []string
 		// noPrefix: no flag starts with any of these.
 		noPrefix []string
+		// kubeletCA is the CA the apiserver verifies kubelets with, as its own flag
+		// parsing reads the arguments.
+		kubeletCA string
 	}{
 		{"tenant", true,
-			append([]string{"--authorization-mode=Node,RBAC", "--enable-bootstrap-token-auth=true", "--enable-aggregator-routing=true", "--anonymous-auth=false"}, aggregation...),
-			[]string{"--endpoint-reconciler-type=none"}, nil},
+			append([]string{"--authorization-mode=Node,RBAC", "--enable-bootstrap-token-auth=true", "--enable-aggregator-routing=true", "--anonymous-auth=false",
+				// The kubelets' serving certificates are from the server CA.
+				"--kubelet-certificate-authority=/d/pki/server-ca.crt"}, aggregation...),
+			[]string{"--endpoint-reconciler-type=none"}, nil, "/d/pki/server-ca.crt"},
+		// The management apiserver has no nodes.
 		{"management", false,
 			[]string{"--authorization-mode=RBAC", "--endpoint-reconciler-type=none", "--anonymous-auth=false"},
 			append([]string{"--enable-aggregator-routing=true", "--enable-bootstrap-token-auth=true"}, aggregation...),
-			[]string{"--requestheader-", "--proxy-client-"}},
+			[]string{"--requestheader-", "--proxy-client-", "--kubelet-certificate-authority"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := apiserverArgs(Config{Dir: "/d", Port: 6443, ServiceCIDR: "10.96.0.0/16", AdvertiseAddress: "10.0.0.1", Tenant: tc.tenant})
@@ -52,6 +60,13 @@ func TestAPIServerArgs(t *testing.T) {
 						t.Errorf("unexpected %s (a %s flag)", a, p)
 					}
 				}
+			}
+			s := apiserveroptions.NewServerRunOptions()
+			if err := parse("kube-apiserver", s.Flags(), args); err != nil {
+				t.Fatal(err)
+			}
+			if got := s.KubeletConfig.TLSClientConfig.CAFile; got != tc.kubeletCA {
+				t.Errorf("the apiserver verifies kubelets with %q, want %q", got, tc.kubeletCA)
 			}
 		})
 	}
