@@ -426,8 +426,8 @@ type KubeletOptions struct {
 // TCG), which only an apiserver without that flag accepts. No
 // serverTLSBootstrap: nothing in the tenant control plane approves
 // kubelet-serving CSRs. Requests are authenticated by client
-// certificate against Identity.CACert (the apiserver's kubelet client
-// certificate must chain to a CA in that bundle: see the package comment)
+// certificate against Identity.ClientCACert (the apiserver's kubelet client
+// certificate chains to it: see the package comment)
 // and by bearer token through TokenReview, and authorized through
 // SubjectAccessReview; anonymous requests are refused.
 func KubeletConfiguration(id identity.Identity, l Layout, o KubeletOptions) (*kubeletv1beta1.KubeletConfiguration, error) {
