@@ -111,7 +111,7 @@ func stepProxy(ctx context.Context, a *Agent) error {
 // After that it runs at 0, so a build that keeps the vCPU busy does not hold Service
 // updates back (five busy nodes in CI took minutes longer to reach their Services).
 const (
-	ProxyNice    = 10
+	ProxyNice    = 0
 	ProxyNiceFor = 30 * time.Second
 )
 

@@ -18,7 +18,7 @@ func TestProxyArgv(t *testing.T) {
 		want     []string
 	}{
 		{"with nice", func(f string) (string, error) { return "/usr/bin/" + f, nil },
-			[]string{"/usr/bin/nice", "-n", "10", "/agent", "kube-proxy", "--config", "/p.yaml"}},
+			[]string{"/usr/bin/nice", "-n", "0", "/agent", "kube-proxy", "--config", "/p.yaml"}},
 		{"without", func(f string) (string, error) { return "", exec.ErrNotFound },
 			[]string{"/agent", "kube-proxy", "--config", "/p.yaml"}},
 	} {
