@@ -14,7 +14,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -28,7 +27,6 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/clusterdns"
 	"github.com/socialweb-computer/socialweb/internal/identity"
 	"github.com/socialweb-computer/socialweb/internal/nodehealth"
-	"github.com/socialweb-computer/socialweb/internal/procnice"
 )
 
 // ProxyConfig is the kube-proxy configuration file (KubeProxyConfiguration YAML):
@@ -84,7 +82,7 @@ func stepProxy(ctx context.Context, a *Agent) error {
 	go func() {
 		a.waitKubeletCredentials()
 		a.waitNodeAddress()
-		argv := proxyArgv(self, cfgFile, exec.LookPath)
+		argv := proxyArgv(self, cfgFile)
 		for restarts := 0; ; restarts++ {
 			var err error
 			if p := a.takeProxyPrestart(); p != nil {
@@ -105,25 +103,12 @@ func stepProxy(ctx context.Context, a *Agent) error {
 	return nil
 }
 
-// ProxyNice is kube-proxy's nice value for its first ProxyNiceFor. It starts as the node's
-// first Pod does, and on a one-vCPU TCG node its start (seconds of the vCPU) took turns
-// with the sandbox's CNI and runc; the Pod's start comes first, the Service rules follow.
-// After that it runs at 0, so a build that keeps the vCPU busy does not hold Service
-// updates back (five busy nodes in CI took minutes longer to reach their Services).
-const (
-	ProxyNice    = 0
-	ProxyNiceFor = 30 * time.Second
-)
-
-// proxyArgv is the command line of kube-proxy: this binary (self) as ProxyCommand,
-// through nice(1) at ProxyNice when the node has it, so that every thread of it has
-// that priority from its start (ProxyMain puts them back at 0 after ProxyNiceFor).
-func proxyArgv(self, cfgFile string, lookPath func(string) (string, error)) []string {
-	argv := []string{self, ProxyCommand, "--config", cfgFile}
-	if nice, err := lookPath("nice"); err == nil {
-		argv = append([]string{nice, "-n", strconv.Itoa(ProxyNice)}, argv...)
-	}
-	return argv
+// proxyArgv is the command line of kube-proxy: this binary (self) as ProxyCommand. It
+// runs at the agent's priority from its start: in nftables mode its first sync is a few
+// nft runs, and at nice 10 (until 2026-12-03) that sync came seconds after the node's
+// first Pod was running, so the Pod could not yet reach a ClusterIP.
+func proxyArgv(self, cfgFile string) []string {
+	return []string{self, ProxyCommand, "--config", cfgFile}
 }
 
 // ProxyCommand is the first argument that makes this binary run kube-proxy.
@@ -153,12 +138,6 @@ func ProxyMain(args []string) int {
 			return 0
 		}
 	}
-	// Started at ProxyNice (proxyArgv); every thread back at 0 once its start is over.
-	time.AfterFunc(ProxyNiceFor, func() {
-		if err := procnice.Set(os.Getpid(), 0); err != nil {
-			fmt.Fprintln(os.Stderr, "kube-proxy: back to nice 0:", err)
-		}
-	})
 	if err := runProxy(ctx, *cfgFile); err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "kube-proxy:", err)
 		return 1
@@ -250,7 +229,7 @@ func stepProxyPrestart(ctx context.Context, a *Agent) error {
 	self, err := os.Executable()
 	if err == nil {
 		var p *proxyPrestart
-		if p, err = startProxyPrestart(self, a.Layout.ProxyConfig, exec.LookPath); err == nil {
+		if p, err = startProxyPrestart(self, a.Layout.ProxyConfig); err == nil {
 			a.mu.Lock()
 			a.proxyPrestart = p
 			a.mu.Unlock()
@@ -262,12 +241,12 @@ func stepProxyPrestart(ctx context.Context, a *Agent) error {
 }
 
 // startProxyPrestart starts self as kube-proxy with --wait-start.
-func startProxyPrestart(self, cfgFile string, lookPath func(string) (string, error)) (*proxyPrestart, error) {
+func startProxyPrestart(self, cfgFile string) (*proxyPrestart, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	argv := append(proxyArgv(self, cfgFile, lookPath), "--"+proxyWaitStart)
+	argv := append(proxyArgv(self, cfgFile), "--"+proxyWaitStart)
 	cmd, err := startChild("kube-proxy", r, argv[0], argv[1:]...)
 	r.Close()
 	if err != nil {

@@ -5,30 +5,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 )
-
-func TestProxyArgv(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		lookPath func(string) (string, error)
-		want     []string
-	}{
-		{"with nice", func(f string) (string, error) { return "/usr/bin/" + f, nil },
-			[]string{"/usr/bin/nice", "-n", "0", "/agent", "kube-proxy", "--config", "/p.yaml"}},
-		{"without", func(f string) (string, error) { return "", exec.ErrNotFound },
-			[]string{"/agent", "kube-proxy", "--config", "/p.yaml"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := proxyArgv("/agent", "/p.yaml", tc.lookPath); !slices.Equal(got, tc.want) {
-				t.Errorf("proxyArgv = %q, want %q", got, tc.want)
-			}
-		})
-	}
-}
 
 func TestWaitForStart(t *testing.T) {
 	for _, tc := range []struct {
@@ -57,8 +37,7 @@ func TestProxyPrestart(t *testing.T) {
 	if err := os.WriteFile(self, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	noNice := func(string) (string, error) { return "", exec.ErrNotFound }
-	p, err := startProxyPrestart(self, "/p.yaml", noNice)
+	p, err := startProxyPrestart(self, "/p.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +57,7 @@ func TestProxyPrestart(t *testing.T) {
 	if err := os.WriteFile(self, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	p, err = startProxyPrestart(self, "/p.yaml", noNice)
+	p, err = startProxyPrestart(self, "/p.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
