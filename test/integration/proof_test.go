@@ -3,10 +3,14 @@ package integration
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -209,6 +213,16 @@ func TestFourStepProof(t *testing.T) {
 	stdout, err := execIn(ctx, cfg, k, "default", "proof", "sh", "-c", "echo exec-ok; cat /proc/1/cmdline | tr '\\0' ' '")
 	if err != nil || !strings.Contains(stdout, "exec-ok") || !strings.Contains(stdout, "sleep 3600") {
 		t.Errorf("step 6: exec: %q, %v", stdout, err)
+	}
+	// What logs and exec were verified against: the kubelet serves with the certificate
+	// the host issued from this cluster's server CA, for its name and address.
+	pkiDir := filepath.Join(d.stateDir, "clusters", "proof", "pki")
+	if err := kubeletServes(filepath.Join(pkiDir, "server-ca.crt"), internal, node.Name); err != nil {
+		t.Errorf("step 6: the kubelet's serving certificate under the cluster's server CA: %v", err)
+	}
+	var unknownCA x509.UnknownAuthorityError
+	if err := kubeletServes(filepath.Join(d.stateDir, "mgmt", "pki", "server-ca.crt"), internal, node.Name); !errors.As(err, &unknownCA) {
+		t.Errorf("step 6: the kubelet's serving certificate under another CA (the management API's): %v, want unknown authority", err)
 	}
 	throughTheDoor(t, ctx, cfg, k, "default", "proof")
 	startBreakdown(t, d.logPath, node.Name)
@@ -545,4 +559,29 @@ func hostNetwork(t *testing.T) map[string][]string {
 		out[what] = lines
 	}
 	return out
+}
+
+// kubeletServes dials the kubelet at ip:10250 and verifies its serving certificate for
+// ip under the CA in caFile, as the apiserver does (--kubelet-certificate-authority),
+// and that the certificate also names the node.
+func kubeletServes(caFile, ip, nodeName string) error {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("no certificate in %s", caFile)
+	}
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", net.JoinHostPort(ip, "10250"),
+		&tls.Config{RootCAs: pool, ServerName: ip})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	leaf := conn.ConnectionState().PeerCertificates[0]
+	if err := leaf.VerifyHostname(nodeName); err != nil {
+		return fmt.Errorf("the certificate does not name the node: %w", err)
+	}
+	return nil
 }
