@@ -43,11 +43,8 @@ func (s *NodeSigner) NodeClientCert(name string, now time.Time) (certPEM, keyPEM
 	}
 	certPEM, keyPEM, err = nodeCert(&x509.Certificate{
 		Subject:     nodeSubject(name),
-		NotBefore:   now.Add(-5 * time.Minute), // a guest clock a little behind the host's
-		NotAfter:    now.Add(NodeCertValidity),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}, s.client)
+	}, s.client, now)
 	if err != nil {
 		return nil, nil, fmt.Errorf("client certificate of node %s: %w", name, err)
 	}
@@ -67,13 +64,10 @@ func (s *NodeSigner) NodeServingCert(name string, ip net.IP, now time.Time) (cer
 	}
 	certPEM, keyPEM, err = nodeCert(&x509.Certificate{
 		Subject:     nodeSubject(name),
-		NotBefore:   now.Add(-5 * time.Minute), // a guest clock a little behind the host's
-		NotAfter:    now.Add(NodeCertValidity),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		DNSNames:    []string{name},
 		IPAddresses: []net.IP{ip},
-	}, s.server)
+	}, s.server, now)
 	if err != nil {
 		return nil, nil, fmt.Errorf("serving certificate of node %s: %w", name, err)
 	}
@@ -85,8 +79,12 @@ func nodeSubject(name string) pkix.Name {
 	return pkix.Name{CommonName: "system:node:" + name, Organization: []string{"system:nodes"}}
 }
 
-// nodeCert signs tmpl with ca for a new key and returns both PEM.
-func nodeCert(tmpl *x509.Certificate, ca authority) (certPEM, keyPEM []byte, err error) {
+// nodeCert signs tmpl with ca for a new key, valid from a little before now for
+// NodeCertValidity, and returns both PEM.
+func nodeCert(tmpl *x509.Certificate, ca authority, now time.Time) (certPEM, keyPEM []byte, err error) {
+	tmpl.NotBefore = now.Add(-5 * time.Minute) // a guest clock a little behind the host's
+	tmpl.NotAfter = now.Add(NodeCertValidity)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, key, err := issue(tmpl, ca)
 	if err != nil {
 		return nil, nil, err

@@ -40,8 +40,9 @@ func pairCert(t *testing.T, certPEM, keyPEM []byte) *x509.Certificate {
 	return cert
 }
 
-func TestNodeClientCert(t *testing.T) {
-	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+// clusterSigner is a new cluster's PKI and its node signer.
+func clusterSigner(t *testing.T, now time.Time) (Paths, *NodeSigner) {
+	t.Helper()
 	p, err := Ensure(t.TempDir(), Options{Now: now})
 	if err != nil {
 		t.Fatal(err)
@@ -50,6 +51,12 @@ func TestNodeClientCert(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return p, s
+}
+
+func TestNodeClientCert(t *testing.T) {
+	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	p, s := clusterSigner(t, now)
 	certPEM, keyPEM, err := s.NodeClientCert("n1", now)
 	if err != nil {
 		t.Fatal(err)
@@ -87,14 +94,7 @@ func TestNodeClientCert(t *testing.T) {
 func TestNodeServingCert(t *testing.T) {
 	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
 	ip := net.ParseIP("10.250.3.2")
-	p, err := Ensure(t.TempDir(), Options{Now: now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := LoadNodeSigner(p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, s := clusterSigner(t, now)
 	certPEM, keyPEM, err := s.NodeServingCert("n1", ip, now)
 	if err != nil {
 		t.Fatal(err)
