@@ -48,13 +48,18 @@ func KubeletReady(n *corev1.Node) bool {
 
 // startupTaints are the taints a node registers with and the host removes: each goes
 // once its condition holds, after its settle.
-var startupTaints = []struct {
+// A function, not a package variable, so nothing can change the table.
+func startupTaints() []startupTaint {
+	return []startupTaint{
+		{identity.StorageTaintKey, StorageMeasured, storageSettle},
+		{identity.KubeletNotReadyTaintKey, KubeletReady, 0},
+	}
+}
+
+type startupTaint struct {
 	key    string
 	lifted func(*corev1.Node) bool
 	settle time.Duration
-}{
-	{identity.StorageTaintKey, StorageMeasured, storageSettle},
-	{identity.KubeletNotReadyTaintKey, KubeletReady, 0},
 }
 
 // liftable is the startup taints of n whose condition holds, and the longest settle
@@ -62,7 +67,7 @@ var startupTaints = []struct {
 func liftable(n *corev1.Node) (map[string]bool, time.Duration) {
 	keys := map[string]bool{}
 	var settle time.Duration
-	for _, st := range startupTaints {
+	for _, st := range startupTaints() {
 		if !st.lifted(n) {
 			continue
 		}
