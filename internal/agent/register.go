@@ -6,11 +6,15 @@ import (
 	"fmt"
 	"maps"
 	"runtime"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/socialweb-computer/socialweb/internal/identity"
 )
@@ -98,12 +102,14 @@ func stepRegister(ctx context.Context, a *Agent) error {
 		client, err := a.kubeletClient()
 		for attempt := 0; err == nil && attempt < 10; attempt++ {
 			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_, err = client.CoreV1().Nodes().Create(cctx, node, metav1.CreateOptions{})
+			var created *corev1.Node
+			created, err = client.CoreV1().Nodes().Create(cctx, node, metav1.CreateOptions{})
 			cancel()
 			switch {
 			case err == nil:
 				a.Log.Info("node registered", "node", node.Name, "uptime", fmt.Sprintf("%.2fs", a.Uptime().Seconds()),
 					"storageTaint", res == nil)
+				a.handPodCIDR(client, created)
 				return
 			case apierrors.IsAlreadyExists(err):
 				return // the kubelet was first
@@ -138,4 +144,71 @@ func (a *Agent) registeredResources() (*Resources, error) {
 		return nil, err
 	}
 	return &r, nil
+}
+
+// podCIDRWait bounds how long handPodCIDR waits for node IPAM.
+const podCIDRWait = 10 * time.Second
+
+// handPodCIDR gives containerd the Node's pod CIDRs once node IPAM has assigned them, as
+// the kubelet does at its first status update. containerd then writes its CNI config and
+// reports the network ready before the kubelet first asks, so that first update can
+// already say Ready, instead of one status round later. The kubelet's own call changes
+// nothing after it: containerd keeps a CNI config it has. Best effort: on any failure the
+// kubelet does it as before.
+func (a *Agent) handPodCIDR(client kubernetes.Interface, node *corev1.Node) {
+	ctx, cancel := context.WithTimeout(context.Background(), podCIDRWait)
+	defer cancel()
+	cidrs, err := waitPodCIDRs(ctx, client, node)
+	if err != nil {
+		a.Log.Info("pod CIDR: left to the kubelet", "err", err)
+		return
+	}
+	cri, closeCRI, err := criClient(a.Layout.ContainerdSocket)
+	if err != nil {
+		a.Log.Info("pod CIDR: left to the kubelet", "err", err)
+		return
+	}
+	defer closeCRI()
+	if _, err := cri.UpdateRuntimeConfig(ctx, PodCIDRRequest(cidrs)); err != nil {
+		a.Log.Info("pod CIDR: left to the kubelet", "err", fmt.Errorf("the CRI's UpdateRuntimeConfig: %w", err))
+		return
+	}
+	a.Log.Info("pod CIDR given to containerd", "cidrs", cidrs, "uptime", fmt.Sprintf("%.2fs", a.Uptime().Seconds()))
+}
+
+// PodCIDRRequest is the CRI request the kubelet sends for a Node's pod CIDRs.
+func PodCIDRRequest(cidrs []string) *runtimeapi.UpdateRuntimeConfigRequest {
+	return &runtimeapi.UpdateRuntimeConfigRequest{RuntimeConfig: &runtimeapi.RuntimeConfig{
+		NetworkConfig: &runtimeapi.NetworkConfig{PodCidr: strings.Join(cidrs, ",")},
+	}}
+}
+
+// waitPodCIDRs returns node's pod CIDRs, watching the Node from the version given until
+// node IPAM sets them or ctx ends.
+func waitPodCIDRs(ctx context.Context, client kubernetes.Interface, node *corev1.Node) ([]string, error) {
+	if len(node.Spec.PodCIDRs) > 0 {
+		return node.Spec.PodCIDRs, nil
+	}
+	w, err := client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{
+		FieldSelector:   fields.OneTermEqualSelector("metadata.name", node.Name).String(),
+		ResourceVersion: node.ResourceVersion,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("watching Node %s for its pod CIDR: %w", node.Name, err)
+	}
+	defer w.Stop()
+	// Select on ctx too: not every watch closes its channel when ctx ends.
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("no pod CIDR on Node %s yet from node IPAM: %w", node.Name, context.Cause(ctx))
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return nil, fmt.Errorf("the watch of Node %s ended before node IPAM gave it a pod CIDR", node.Name)
+			}
+			if n, isNode := ev.Object.(*corev1.Node); isNode && len(n.Spec.PodCIDRs) > 0 {
+				return n.Spec.PodCIDRs, nil
+			}
+		}
+	}
 }

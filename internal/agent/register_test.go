@@ -1,11 +1,16 @@
 package agent
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/socialweb-computer/socialweb/internal/identity"
 )
@@ -81,4 +86,62 @@ func noScheduleTaints(n *corev1.Node) []string {
 		keys = append(keys, t.Key)
 	}
 	return keys
+}
+
+func TestWaitPodCIDRs(t *testing.T) {
+	withCIDR := func(n *corev1.Node) *corev1.Node {
+		n = n.DeepCopy()
+		n.Spec.PodCIDR, n.Spec.PodCIDRs = "10.180.3.0/24", []string{"10.180.3.0/24"}
+		return n
+	}
+	bare := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	for _, tc := range []struct {
+		name    string
+		created *corev1.Node // as the agent's Create returned it
+		later   *corev1.Node // node IPAM's update, if any
+		want    []string
+	}{
+		{name: "already assigned", created: withCIDR(bare), want: []string{"10.180.3.0/24"}},
+		{name: "assigned after the create", created: bare, later: withCIDR(bare), want: []string{"10.180.3.0/24"}},
+		{name: "never assigned", created: bare},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset(tc.created)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if tc.later != nil {
+				// The fake's watch sees only what comes after it starts: update until then.
+				go func() {
+					for ctx.Err() == nil {
+						_, _ = client.CoreV1().Nodes().Update(ctx, tc.later, metav1.UpdateOptions{})
+						time.Sleep(50 * time.Millisecond)
+					}
+				}()
+			}
+			got, err := waitPodCIDRs(ctx, client, tc.created)
+			if tc.want == nil {
+				if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("got %v, %v; want the deadline's error", got, err)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tc.want) {
+				t.Fatalf("got %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestPodCIDRRequest(t *testing.T) {
+	for _, tc := range []struct {
+		cidrs []string
+		want  string
+	}{
+		{[]string{"10.180.0.0/24"}, "10.180.0.0/24"},
+		{[]string{"10.180.0.0/24", "fd00:180::/64"}, "10.180.0.0/24,fd00:180::/64"},
+	} {
+		if got := PodCIDRRequest(tc.cidrs).GetRuntimeConfig().GetNetworkConfig().GetPodCidr(); got != tc.want {
+			t.Errorf("PodCIDRRequest(%v) = %q, want %q (the kubelet's form)", tc.cidrs, got, tc.want)
+		}
+	}
 }
