@@ -159,25 +159,31 @@ func (a *Agent) handPodCIDR(client kubernetes.Interface, node *corev1.Node) {
 	ctx, cancel := context.WithTimeout(context.Background(), podCIDRWait)
 	defer cancel()
 	cidrs, err := waitPodCIDRs(ctx, client, node)
+	if err == nil {
+		err = a.updatePodCIDR(ctx, cidrs)
+	}
 	if err != nil {
 		a.Log.Info("pod CIDR: left to the kubelet", "err", err)
-		return
-	}
-	cri, closeCRI, err := criClient(a.Layout.ContainerdSocket)
-	if err != nil {
-		a.Log.Info("pod CIDR: left to the kubelet", "err", err)
-		return
-	}
-	defer closeCRI()
-	if _, err := cri.UpdateRuntimeConfig(ctx, PodCIDRRequest(cidrs)); err != nil {
-		a.Log.Info("pod CIDR: left to the kubelet", "err", fmt.Errorf("the CRI's UpdateRuntimeConfig: %w", err))
 		return
 	}
 	a.Log.Info("pod CIDR given to containerd", "cidrs", cidrs, "uptime", fmt.Sprintf("%.2fs", a.Uptime().Seconds()))
 }
 
-// PodCIDRRequest is the CRI request the kubelet sends for a Node's pod CIDRs.
-func PodCIDRRequest(cidrs []string) *runtimeapi.UpdateRuntimeConfigRequest {
+// updatePodCIDR makes the kubelet's CRI call for the pod CIDRs.
+func (a *Agent) updatePodCIDR(ctx context.Context, cidrs []string) error {
+	cri, closeCRI, err := criClient(a.Layout.ContainerdSocket)
+	if err != nil {
+		return err
+	}
+	defer closeCRI()
+	if _, err := cri.UpdateRuntimeConfig(ctx, podCIDRRequest(cidrs)); err != nil {
+		return fmt.Errorf("the CRI's UpdateRuntimeConfig: %w", err)
+	}
+	return nil
+}
+
+// podCIDRRequest is the CRI request the kubelet sends for a Node's pod CIDRs.
+func podCIDRRequest(cidrs []string) *runtimeapi.UpdateRuntimeConfigRequest {
 	return &runtimeapi.UpdateRuntimeConfigRequest{RuntimeConfig: &runtimeapi.RuntimeConfig{
 		NetworkConfig: &runtimeapi.NetworkConfig{PodCidr: strings.Join(cidrs, ",")},
 	}}

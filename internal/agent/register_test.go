@@ -140,8 +140,8 @@ func TestPodCIDRRequest(t *testing.T) {
 		{[]string{"10.180.0.0/24"}, "10.180.0.0/24"},
 		{[]string{"10.180.0.0/24", "fd00:180::/64"}, "10.180.0.0/24,fd00:180::/64"},
 	} {
-		if got := PodCIDRRequest(tc.cidrs).GetRuntimeConfig().GetNetworkConfig().GetPodCidr(); got != tc.want {
-			t.Errorf("PodCIDRRequest(%v) = %q, want %q (the kubelet's form)", tc.cidrs, got, tc.want)
+		if got := podCIDRRequest(tc.cidrs).GetRuntimeConfig().GetNetworkConfig().GetPodCidr(); got != tc.want {
+			t.Errorf("podCIDRRequest(%v) = %q, want %q (the kubelet's form)", tc.cidrs, got, tc.want)
 		}
 	}
 }
