@@ -161,10 +161,11 @@ func (d *Driver) observe(ctx context.Context) (scale.Observed, []failedMachine, 
 		}
 		switch {
 		case in.State == nodes.StateTerminated:
-			// The VM is gone without a Delete: it crashed, or the guest powered off. Its
-			// Node (if any) goes when the cloud controller sees the instance gone.
+			// The VM is gone without a Delete (it crashed, or the guest powered off), or
+			// the provider found it unable to work on. Its Node (if any) goes when the
+			// cloud controller sees the instance gone.
 			failed = append(failed, failedMachine{name: in.Name, reason: "VMExited",
-				message: fmt.Sprintf("node %s: its VM stopped %s after it was created", in.Name, fmtAge(o.Now.Sub(in.Created)))})
+				message: fmt.Sprintf("node %s: its VM stopped working %s after it was created", in.Name, fmtAge(o.Now.Sub(in.Created)))})
 		case registered[in.Name]:
 			if created, ok := d.booting[in.Name]; ok {
 				joined = append(joined, joinedMachine{name: in.Name, took: o.Now.Sub(created)})

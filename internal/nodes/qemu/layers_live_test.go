@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -94,7 +95,8 @@ func tarOf(t *testing.T, files map[string]string, whiteouts ...string) ([]byte, 
 // device tagged socialweb-layers, cannot write it even as root, sees the whiteouts as
 // 0:0 character devices and the opaque xattr (overlayfs merges the layers as a container
 // would), and sees a layer the host adds after it mounted the share. Deleting the node
-// leaves no virtiofsd, socket or mount.
+// leaves no virtiofsd, socket or mount. Before that, its virtiofsd is killed: the node is
+// then Terminated, and Exited names virtiofsd.
 func TestLiveLayerShare(t *testing.T) {
 	requireLive(t)
 	if _, err := os.Stat(layershare.DefaultVirtiofsd); err != nil {
@@ -203,6 +205,23 @@ func TestLiveLayerShare(t *testing.T) {
 		t.Error("a file the guest wrote is in the store")
 	}
 
+	// virtiofsd dies under the running VM: the node is failed, and says why.
+	if err := syscall.Kill(vpid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for listedState(t, p, name) != nodes.StateTerminated && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if st := listedState(t, p, name); st != nodes.StateTerminated {
+		t.Errorf("30 s after its virtiofsd was killed the node is %s, want Terminated", st)
+	}
+	gone, why := p.Exited(name)
+	t.Logf("after virtiofsd was killed: qemu alive %v; Exited: %s", p.aliveLocked(p.insts[name]), why)
+	if !gone || !strings.Contains(why, "virtiofsd serving its shared image layers") {
+		t.Errorf("Exited = %v, %q: want it to name virtiofsd", gone, why)
+	}
+
 	if err := p.Delete(ctx, name); err != nil {
 		t.Fatal(err)
 	}
@@ -220,4 +239,19 @@ func TestLiveLayerShare(t *testing.T) {
 	if b, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(b, []byte(store.Dir())) {
 		t.Error("a mount of the layer store is left on the host")
 	}
+}
+
+// listedState is name's state in p.List, "" when it is not listed.
+func listedState(t *testing.T, p *Provider, name string) nodes.State {
+	t.Helper()
+	l, err := p.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range l {
+		if in.Name == name {
+			return in.State
+		}
+	}
+	return ""
 }

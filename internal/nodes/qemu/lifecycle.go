@@ -24,15 +24,22 @@ func (in *instance) state() nodes.State {
 		return nodes.StatePending
 	case in.deleting != nil:
 		return nodes.StateStopping
-	case in.alive():
+	case in.alive() && !in.shareLost():
 		return nodes.StateRunning
 	}
 	return nodes.StateTerminated
 }
 
+// shareLost reports whether the VM was served a layer share by a virtiofsd that is gone.
+// Its guest's reads of image layers then block for good (qemu 7.2's vhost-user-fs does
+// not reconnect), so a running qemu without it is a failed node. Call with p.mu held.
+func (in *instance) shareLost() bool {
+	return (in.vdone != nil || in.rec.Virtiofsd != nil) && !in.virtiofsdAlive()
+}
+
 // List reports every node the provider knows: Pending while Create runs, Running while
 // its qemu process (checked by identity) runs, Stopping during Delete, Terminated once
-// qemu is gone (until Delete removes it).
+// qemu is gone, or its layer share's virtiofsd is (until Delete removes it).
 func (p *Provider) List(ctx context.Context) ([]nodes.Instance, error) {
 	if err := p.ready(); err != nil {
 		return nil, err
@@ -207,6 +214,13 @@ func (p *Provider) stopQemu(ctx context.Context, inst *instance) error {
 	return fmt.Errorf("qemu (pid %d) survived SIGKILL", pid)
 }
 
+// shareLostLocked is shareLost under p.mu.
+func (p *Provider) shareLostLocked(inst *instance) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return inst.shareLost()
+}
+
 func (p *Provider) aliveLocked(inst *instance) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -243,20 +257,31 @@ func (p *Provider) waitGone(inst *instance, d time.Duration) bool {
 	}
 }
 
-// Exited reports whether the node's qemu is gone and, if so, why, with the last lines
-// qemu and the guest console printed: the daemon's watchdog reports a VM that died
-// while booting with it. An unknown node, or one still being created, has not exited.
+// Exited reports whether the node's qemu is gone, or its layer share's virtiofsd is
+// (shareLost), and if so why, with the last lines qemu (or virtiofsd) and the guest
+// console printed: the daemon's watchdog reports a VM that died while booting with it.
+// An unknown node, or one still being created, has not exited.
 func (p *Provider) Exited(name string) (bool, string) {
 	p.mu.Lock()
 	inst := p.insts[name]
-	if inst == nil || inst.creating || inst.alive() {
+	if inst == nil || inst.creating || (inst.alive() && !inst.shareLost()) {
 		p.mu.Unlock()
 		return false, ""
 	}
-	adopted, done, rec := inst.adopted, inst.done, inst.rec
+	adopted, done, rec, alive := inst.adopted, inst.done, inst.rec, inst.alive()
+	vpid := 0
+	if inst.vproc != nil {
+		vpid = inst.vproc.Pid
+	} else if rec.Virtiofsd != nil {
+		vpid = rec.Virtiofsd.PID
+	}
 	p.mu.Unlock()
 	var b strings.Builder
+	log := fileQemuLog
 	switch {
+	case alive:
+		fmt.Fprintf(&b, "the virtiofsd serving its shared image layers (pid %d) exited while qemu ran: the guest's reads of image files would hang, so the VM counts as failed", vpid)
+		log = fileVirtiofsLog
 	case done != nil:
 		fmt.Fprintf(&b, "qemu (pid %d) exited %s after it started: %s",
 			inst.proc.Pid, inst.exitedAt.Sub(inst.started).Round(time.Millisecond), exitText(inst.exitErr))
@@ -265,8 +290,8 @@ func (p *Provider) Exited(name string) (bool, string) {
 	default:
 		b.WriteString("qemu is not running (it never started, or the daemon restarted before recording it)")
 	}
-	if t := tailLines(filepath.Join(inst.dir, fileQemuLog), 10); t != "" {
-		fmt.Fprintf(&b, "\nqemu said:\n%s", t)
+	if t := tailLines(filepath.Join(inst.dir, log), 10); t != "" {
+		fmt.Fprintf(&b, "\n%s said:\n%s", strings.TrimSuffix(log, ".log"), t)
 	}
 	if t := tailLines(filepath.Join(inst.dir, fileConsole), 20); t != "" {
 		fmt.Fprintf(&b, "\nlast console lines:\n%s", t)

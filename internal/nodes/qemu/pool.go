@@ -212,7 +212,7 @@ func (in *instance) unclaimedLocked() bool {
 // under the accelerator, TCG cache, layers and image new VMs get. Called with p.mu held.
 func (p *Provider) claimableLocked(in *instance) bool {
 	r := in.rec
-	return in.unclaimedLocked() && !in.creating && in.stalled == "" && in.alive() &&
+	return in.unclaimedLocked() && !in.creating && in.stalled == "" && in.alive() && !in.shareLost() &&
 		p.pool.shape.fits(r.Request) && r.Accel == p.accel && r.TCGCacheMiB == p.cfg.TCGCacheMiB &&
 		r.LayersDir == p.layersDir() && r.ImageDir == p.imageDir
 }
@@ -255,6 +255,9 @@ func (p *Provider) tendPool(ctx context.Context) {
 		case !p.aliveLocked(l.inst):
 			_, said := p.Exited(l.name)
 			why, failed = "its VM stopped: "+said, !l.ready
+		case p.shareLostLocked(l.inst):
+			_, said := p.Exited(l.name)
+			why, failed = "its layer share is gone: "+said, !l.ready
 		case l.accel != accel:
 			why = fmt.Sprintf("it runs under %s and new VMs now get %s", l.accel, accel)
 		case l.ready:

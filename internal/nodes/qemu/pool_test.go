@@ -618,6 +618,32 @@ func TestPoolAcceleratorChange(t *testing.T) {
 	})
 }
 
+// TestPoolLostLayerShare: a ready pool VM whose virtiofsd exits is never claimed; the
+// pool destroys it and boots another.
+func TestPoolLostLayerShare(t *testing.T) {
+	e := newFakeEnv(t)
+	p := e.poolProvider(t, 1, nil)
+	waitPoolReady(t, p, 1)
+	old := onlyPoolVM(t, p)
+	gone := make(chan struct{})
+	close(gone)
+	p.mu.Lock()
+	in := p.insts[old]
+	in.vdone = gone // as if its virtiofsd had been started and had exited
+	claimable := p.claimableLocked(in)
+	p.mu.Unlock()
+	if claimable {
+		t.Error("a pool VM without its virtiofsd is claimable")
+	}
+	waitFor(t, 15*time.Second, "the pool VM replaced", func() bool {
+		vms := poolVMs(p)
+		return len(vms) == 1 && !vms[old] && vms[onlyPoolVM(t, p)]
+	})
+	if _, err := os.Stat(filepath.Join(e.cfg.StateDir, old)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the lost pool VM's directory: %v", err)
+	}
+}
+
 func TestValidatePoolSize(t *testing.T) {
 	for _, tc := range []struct {
 		n  int

@@ -319,6 +319,59 @@ func TestExited(t *testing.T) {
 	}
 }
 
+// TestLostLayerShare: a VM whose layer share's virtiofsd exits while qemu runs is a failed
+// node (its guest's reads of image files would hang): List says Terminated, Exited says
+// why with virtiofsd's last words, and Delete stops its qemu.
+func TestLostLayerShare(t *testing.T) {
+	e := newFakeEnv(t)
+	p := e.provider(t)
+	if _, err := p.Create(t.Context(), req("a", "a-share")); err != nil {
+		t.Fatal(err)
+	}
+	// A stand-in virtiofsd, attached as startVirtiofsd attaches the real one.
+	v := exec.Command("sleep", "60")
+	if err := v.Start(); err != nil {
+		t.Fatal(err)
+	}
+	vdone := make(chan struct{})
+	go func() { v.Wait(); close(vdone) }()
+	p.mu.Lock()
+	inst := p.insts["a-share"]
+	inst.vproc, inst.vdone = v.Process, vdone
+	p.mu.Unlock()
+	if err := os.WriteFile(filepath.Join(inst.dir, fileVirtiofsLog), []byte("virtiofsd: fake: bad descriptor\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	if st := listed(t, p)["a-share"]; st != nodes.StateRunning {
+		t.Fatalf("with its virtiofsd running: %s, want Running", st)
+	}
+	if ex, why := p.Exited("a-share"); ex {
+		t.Fatalf("exited with its virtiofsd running: %s", why)
+	}
+	v.Process.Kill()
+	<-vdone
+	if st := listed(t, p)["a-share"]; st != nodes.StateTerminated {
+		t.Errorf("after its virtiofsd exited: %s, want Terminated", st)
+	}
+	ex, why := p.Exited("a-share")
+	for _, w := range []string{"virtiofsd serving its shared image layers", "exited while qemu ran", "virtiofsd: fake: bad descriptor"} {
+		if !strings.Contains(why, w) {
+			t.Errorf("Exited reason does not mention %q:\n%s", w, why)
+		}
+	}
+	if !ex {
+		t.Error("Exited = false after its virtiofsd exited")
+	}
+	pid := inst.rec.Process.PID
+	if err := p.Delete(t.Context(), "a-share"); err != nil {
+		t.Fatal(err)
+	}
+	if (supervisor.Identity{PID: pid, StartTime: inst.rec.Process.StartTime, Cmdline: inst.rec.Process.Cmdline}).Alive() {
+		t.Errorf("qemu (pid %d) runs after Delete", pid)
+	}
+}
+
 // TestRecover: a provider restarted on the same state dir adopts the VM that still
 // runs, cleans up after the one that died, removes a directory without a record, and
 // kills a qemu no record names.
