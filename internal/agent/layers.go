@@ -66,6 +66,13 @@ func stepLayerShare(ctx context.Context, a *Agent) error {
 		a.Log.Warn("layer share", "state", "absent: mount failed, layers are pulled", "tag", LayerShareTag, "err", err)
 		return nil
 	}
+	if err := layershare.CheckXattrs(dir); err != nil {
+		a.Log.Warn("layer share", "state", "not used: opaque directories would be lost, layers are pulled", "err", err)
+		if err := syscall.Unmount(dir, 0); err != nil {
+			a.Log.Warn("layer share: unmounting", "mount", dir, "err", err)
+		}
+		return nil
+	}
 	a.LayerShare = dir
 	n := 0
 	if ents, err := os.ReadDir(filepath.Join(dir, "sha256")); err == nil {

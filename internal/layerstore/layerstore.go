@@ -7,12 +7,16 @@
 //	<Dir>/sha256/<hex>/fs/          the layer's filesystem, unpacked as root
 //	<Dir>/sha256/<hex>/ready.json   what was unpacked (Ready)
 //	<Dir>/.tmp-<hex>-*/             a layer being unpacked
+//	<Dir>/xattr-probe/              an empty directory with ProbeXattr=ProbeValue
 //
 // <hex> is the layer blob's digest as the manifest lists it (the compressed digest).
 // fs/ keeps owners, modes, mtimes, xattrs, hardlinks, symlinks and device nodes, and
 // holds OCI whiteouts in overlayfs form: ".wh.NAME" is a character device 0:0 named NAME,
 // ".wh..wh..opq" is the xattr trusted.overlay.opaque=y on its directory. So a guest can
-// stack the fs/ directories as overlayfs lower layers directly.
+// stack the fs/ directories as overlayfs lower layers directly. Those xattrs reach a guest
+// only through a virtiofsd allowed to pass trusted.* on; xattr-probe lets a guest check
+// that before it uses any layer (an opaque directory silently lost would show files a
+// layer deleted).
 //
 // A layer is built under .tmp-*, ready.json written last, and renamed into sha256/ when
 // complete: a reader sees a whole layer or none. A layer that fails to unpack (a
@@ -111,9 +115,18 @@ type Store struct {
 	now func() time.Time
 }
 
+// The xattr probe: a guest reads ProbeXattr of <share>/ProbeDir and uses the share only
+// if it reads ProbeValue (see internal/agent/layershare).
+const (
+	ProbeDir   = "xattr-probe"
+	ProbeXattr = "trusted.overlay.opaque"
+	ProbeValue = "y"
+)
+
 // Open makes (if missing) and returns the store at dir, which must be on a filesystem
 // that keeps owners, device nodes and trusted.* xattrs (ext4, xfs, btrfs; not a
-// filesystem mounted nodev).
+// filesystem mounted nodev). It writes the xattr probe, and fails when the filesystem
+// (or the caller, without CAP_SYS_ADMIN) cannot keep it.
 func Open(dir string) (*Store, error) {
 	if dir == "" {
 		return nil, errors.New("layer store: no directory configured")
@@ -129,6 +142,13 @@ func Open(dir string) (*Store, error) {
 	// root (virtiofsd), but 0755 keeps the layers' own modes meaningful.
 	if err := os.Chmod(abs, 0o755); err != nil {
 		return nil, fmt.Errorf("layer store: %w", err)
+	}
+	probe := filepath.Join(abs, ProbeDir)
+	if err := os.MkdirAll(probe, 0o755); err != nil {
+		return nil, fmt.Errorf("layer store: %w", err)
+	}
+	if err := unix.Setxattr(probe, ProbeXattr, []byte(ProbeValue), 0); err != nil {
+		return nil, fmt.Errorf("layer store %s: setting %s on %s: %w: the store needs a filesystem that keeps trusted.* xattrs (ext4, xfs, btrfs) and root; put the state dir on one, or run serve with --shared-layers=false", abs, ProbeXattr, probe, err)
 	}
 	return &Store{dir: abs, now: time.Now}, nil
 }

@@ -144,7 +144,7 @@ func noLeftovers(t *testing.T, s *Store) {
 	for _, d := range []string{s.Dir(), filepath.Join(s.Dir(), "sha256")} {
 		ents, _ := os.ReadDir(d)
 		for _, e := range ents {
-			if e.Name() != "sha256" {
+			if e.Name() != "sha256" && (d != s.Dir() || e.Name() != ProbeDir) {
 				t.Errorf("left behind: %s", filepath.Join(d, e.Name()))
 			}
 		}
@@ -242,8 +242,8 @@ func TestPrepare(t *testing.T) {
 				}
 			}
 			ents, _ := os.ReadDir(s.Dir())
-			if len(ents) != 1 {
-				t.Errorf("store root holds %d entries, want only sha256/ (a temp dir left?)", len(ents))
+			if len(ents) != 2 {
+				t.Errorf("store root holds %d entries, want only sha256/ and %s/ (a temp dir left?)", len(ents), ProbeDir)
 			}
 		})
 	}
@@ -452,5 +452,26 @@ func TestClean(t *testing.T) {
 	}
 	if _, err := os.Stat(young); err != nil {
 		t.Errorf("a young temp dir (maybe another process's) was removed: %v", err)
+	}
+}
+
+// TestOpenWritesTheXattrProbe: Open leaves the probe a guest checks before it uses the
+// share, also on a store that exists already.
+func TestOpenWritesTheXattrProbe(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	for i := range 2 {
+		s, err := Open(dir)
+		if err != nil {
+			t.Fatalf("open %d: %v", i, err)
+		}
+		buf := make([]byte, 16)
+		n, err := unix.Getxattr(filepath.Join(s.Dir(), ProbeDir), ProbeXattr, buf)
+		if err != nil || string(buf[:n]) != ProbeValue {
+			t.Errorf("open %d: probe xattr %q, %v; want %q", i, buf[:max(n, 0)], err, ProbeValue)
+		}
+		if ls, err := s.List(); err != nil || len(ls) != 0 {
+			t.Errorf("open %d: List = %v, %v; the probe is no layer", i, ls, err)
+		}
 	}
 }

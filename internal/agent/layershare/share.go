@@ -25,6 +25,7 @@ import (
 	"regexp"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"golang.org/x/sys/unix"
 )
 
 // Labels CRI and the unpacker put on an extraction Prepare.
@@ -64,6 +65,33 @@ type Layer struct {
 	// FS is the layer's filesystem: whiteouts and opaque directories in
 	// overlayfs form, usable as an overlay lower.
 	FS string
+}
+
+// The host's xattr probe (layerstore.ProbeDir and its xattr): an empty directory whose
+// trusted.overlay.opaque is "y".
+const (
+	probeDir   = "xattr-probe"
+	probeXattr = "trusted.overlay.opaque"
+	probeValue = "y"
+)
+
+// CheckXattrs reports whether the share at root carries trusted.overlay.* xattrs, by
+// reading the host's probe. Without them every opaque directory of every layer would
+// silently be lost (a virtiofsd not allowed to pass trusted.* on drops them), so a node
+// must not use a share that fails this: it pulls instead.
+func CheckXattrs(root string) error {
+	p := filepath.Join(root, probeDir)
+	buf := make([]byte, 16)
+	n, err := unix.Getxattr(p, probeXattr, buf)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return fmt.Errorf("the share has no %s (a host older than its nodes?)", probeDir)
+	case err != nil:
+		return fmt.Errorf("reading %s of %s: %w (does the host's virtiofsd pass trusted.* xattrs on?)", probeXattr, p, err)
+	case string(buf[:n]) != probeValue:
+		return fmt.Errorf("%s of %s is %q, want %q", probeXattr, p, buf[:n], probeValue)
+	}
+	return nil
 }
 
 // Share is the mounted layer share; Root "" means the node has none.
