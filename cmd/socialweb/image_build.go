@@ -21,8 +21,8 @@ type imageBuildResult struct {
 
 func newImageBuildCommand() *cobra.Command {
 	var (
-		file, cacheDir, source, containerd string
-		ensure                             bool
+		file, cacheDir, source, containerd, runc string
+		ensure                                   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "build [-f nodeimage.json] [--ensure]",
@@ -31,12 +31,13 @@ func newImageBuildCommand() *cobra.Command {
 
 The image directory holds vmlinuz, initramfs.cpio.gz, rootfs.ext4 and manifest.json, under
 <cache-dir>/images/<fingerprint>. The fingerprint covers every input: package versions, the
-nodeimage.json values, and the agent and containerd binaries (so the agent's source).
+nodeimage.json values, and the agent, containerd and runc binaries (so the agent's source).
 Without --ensure the image is built even if one with the same fingerprint exists; with
 --ensure that one is reused. Progress goes to stderr; the last line on stdout is JSON:
 {"state":"built"|"reused","fingerprint":...,"dir":...}. Pass the dir to serve --node-image.
 
-Needs root (debootstrap, chroot), the Debian tools hack/deps installs, and the Go toolchain
+Needs root (debootstrap, chroot), the Debian tools hack/deps installs (gcc and libseccomp-dev
+for runc among them), and the Go toolchain
 (the agent is built from the socialweb source tree at --source).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -56,7 +57,7 @@ Needs root (debootstrap, chroot), the Debian tools hack/deps installs, and the G
 			opts := nodeimage.Options{CacheDir: cacheDir, Rebuild: !ensure, Progress: func(step, m string) {
 				log.Info(m, "step", step)
 			}}
-			res, err := b.NodeImage(cmd.Context(), spec, opts, containerd)
+			res, err := b.NodeImage(cmd.Context(), spec, opts, containerd, runc)
 			if err != nil {
 				return fmt.Errorf("building the node image: %w", err)
 			}
@@ -80,6 +81,7 @@ Needs root (debootstrap, chroot), the Debian tools hack/deps installs, and the G
 	f.StringVar(&cacheDir, "cache-dir", nodeimage.DefaultCacheDir(), "where images, layers and guest program builds are cached")
 	f.StringVar(&source, "source", "", "the socialweb source tree the agent is built from; empty means the one containing the working directory")
 	f.StringVar(&containerd, "containerd-version", guestbuild.DefaultContainerdVersion, "containerd 2.x release built for the guests")
+	f.StringVar(&runc, "runc-version", guestbuild.DefaultRuncVersion, "runc 1.x release built for the guests (static, with cgo: needs gcc and libseccomp-dev)")
 	documentEnv(f)
 	return cmd
 }

@@ -113,6 +113,12 @@ type Config struct {
 
 	// ContainerdBinaries are tried in order; the first that exists is run.
 	ContainerdBinaries []string
+	// OCIRuntimes are the OCI runtimes the runc shim may drive, tried in order (a
+	// path, or a name looked up on PATH); the first found is used. First the runc the
+	// node image carries (guestbuild.GuestRunc: static, and it runs each container's
+	// init from its own file where Debian's runc 1.1 copies itself into memory first,
+	// which a TCG guest must translate again every time), then Debian's.
+	OCIRuntimes []string
 	// ContainerdMajor forces the config format (1 or 2); 0 asks the binary.
 	ContainerdMajor    int
 	ContainerdLogLevel string
@@ -194,6 +200,7 @@ func DefaultConfig() Config {
 		PowerButtonModules: append([]string(nil), DefaultPowerButtonModules...),
 		Sysctls:            sys,
 		ContainerdBinaries: []string{"/usr/local/bin/containerd", "/usr/bin/containerd"},
+		OCIRuntimes:        []string{"/usr/local/sbin/runc", "runc"},
 		ContainerdLogLevel: "warn",
 		ContainerdRestarts: 3,
 		SandboxImage:       "registry.k8s.io/pause:3.10",
@@ -225,6 +232,9 @@ func (c *Config) complete() {
 	}
 	if c.ContainerdBinaries == nil {
 		c.ContainerdBinaries = d.ContainerdBinaries
+	}
+	if c.OCIRuntimes == nil {
+		c.OCIRuntimes = d.OCIRuntimes
 	}
 	if c.ContainerdLogLevel == "" {
 		c.ContainerdLogLevel = d.ContainerdLogLevel
@@ -281,6 +291,10 @@ type Agent struct {
 	// Set by the containerd steps.
 	ContainerdBinary string
 	ContainerdMajor  int
+	// OCIRuntime is the path of the OCI runtime (Config.OCIRuntimes) the shim
+	// and the prewarm run; empty when none was found (the shim then fails as
+	// it would without runc).
+	OCIRuntime string
 	// Set by the layer-share step when the host's layer share is mounted
 	// (Layout.LayerShare).
 	LayerShare string

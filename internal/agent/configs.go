@@ -168,6 +168,9 @@ type ContainerdOptions struct {
 	// snapshot annotations on, so it sees each layer's digest and can take
 	// the layer from the host's share. Off, CRI uses overlayfs.
 	SharedLayers bool
+	// RuntimeBinary is the OCI runtime the runc shim drives (its BinaryName);
+	// empty leaves the shim's default, runc on PATH.
+	RuntimeBinary string
 }
 
 // SharedSnapshotter is the name containerd knows the socialweb snapshotter by.
@@ -200,6 +203,10 @@ func ContainerdConfig(l Layout, o ContainerdOptions) ([]byte, error) {
 			snap += "  use_local_image_pull = true\n"
 		}
 	}
+	runtimeOpts := "  SystemdCgroup = false\n"
+	if o.RuntimeBinary != "" {
+		runtimeOpts += "  BinaryName = " + q(o.RuntimeBinary) + "\n"
+	}
 	switch o.Major {
 	case 2:
 		fmt.Fprintf(&b, `version = 3
@@ -227,14 +234,13 @@ state = %[2]s
   runtime_type = "io.containerd.runc.v2"
 
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-  SystemdCgroup = false
-
+%[11]s
 [plugins.'io.containerd.cri.v1.runtime'.cni]
   bin_dirs = [%[7]s]
   conf_dir = %[8]s
   conf_template = %[9]s
 `, q(l.ContainerdRoot), q(l.ContainerdState), q(l.ContainerdSocket), q(o.LogLevel), q(o.SandboxImage),
-			q(l.ContainerdCerts), q(l.CNIBinDir), q(l.CNIConfDir), q(l.CNITemplate), snap)
+			q(l.ContainerdCerts), q(l.CNIBinDir), q(l.CNIConfDir), q(l.CNITemplate), snap, runtimeOpts)
 	case 1:
 		fmt.Fprintf(&b, `version = 2
 root = %[1]s
@@ -259,14 +265,13 @@ state = %[2]s
   runtime_type = "io.containerd.runc.v2"
 
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-  SystemdCgroup = false
-
+%[11]s
 [plugins."io.containerd.grpc.v1.cri".cni]
   bin_dir = %[7]s
   conf_dir = %[8]s
   conf_template = %[9]s
 `, q(l.ContainerdRoot), q(l.ContainerdState), q(l.ContainerdSocket), q(o.LogLevel), q(o.SandboxImage),
-			q(l.ContainerdCerts), q(l.CNIBinDir), q(l.CNIConfDir), q(l.CNITemplate), snap)
+			q(l.ContainerdCerts), q(l.CNIBinDir), q(l.CNIConfDir), q(l.CNITemplate), snap, runtimeOpts)
 	default:
 		return nil, fmt.Errorf("containerd config: unsupported containerd major version %d (want 1 or 2)", o.Major)
 	}

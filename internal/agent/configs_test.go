@@ -6,9 +6,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -61,7 +63,7 @@ func TestContainerdConfig(t *testing.T) {
 				`level = "warn"`,
 				`snapshotter = "overlayfs"`,
 			},
-			notWant: []string{"io.containerd.grpc.v1.cri", "sandbox_image"},
+			notWant: []string{"io.containerd.grpc.v1.cri", "sandbox_image", "BinaryName"},
 		},
 		{
 			name: "containerd 1.6: version 2, grpc.v1.cri plugin",
@@ -75,7 +77,17 @@ func TestContainerdConfig(t *testing.T) {
 				"SystemdCgroup = false",
 				`level = "info"`,
 			},
-			notWant: []string{"cri.v1", "bin_dirs"},
+			notWant: []string{"cri.v1", "bin_dirs", "BinaryName"},
+		},
+		{
+			name: "containerd 1.6 driving the image's runc",
+			opts: ContainerdOptions{Major: 1, SandboxImage: "p", RuntimeBinary: "/usr/local/sbin/runc"},
+			want: []string{"[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n  SystemdCgroup = false\n  BinaryName = \"/usr/local/sbin/runc\"\n"},
+		},
+		{
+			name: "containerd 2.x driving the image's runc",
+			opts: ContainerdOptions{Major: 2, SandboxImage: "p", RuntimeBinary: "/usr/local/sbin/runc"},
+			want: []string{"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]\n  SystemdCgroup = false\n  BinaryName = \"/usr/local/sbin/runc\"\n"},
 		},
 		{name: "unknown major", opts: ContainerdOptions{Major: 3, SandboxImage: "x"}, wantErr: "unsupported containerd major version 3"},
 		{name: "no sandbox image", opts: ContainerdOptions{Major: 2}, wantErr: "no sandbox image"},
@@ -793,5 +805,33 @@ func checkHostServingCert(t *testing.T, id identity.Identity, a *Agent) {
 	}
 	if c := servingCertOnDisk(t, a.Layout); c.Subject.CommonName != "system:node:"+id.NodeName {
 		t.Errorf("serving certificate for %q, want the host's for system:node:%s", c.Subject.CommonName, id.NodeName)
+	}
+}
+
+func TestOCIRuntime(t *testing.T) {
+	tests := []struct {
+		name   string
+		onPath []string
+		want   string
+	}{
+		{"the image's runc before Debian's", []string{"runc", "/usr/local/sbin/runc"}, "/usr/local/sbin/runc"},
+		{"Debian's runc alone", []string{"runc"}, "/usr/bin/runc"},
+		{"neither", nil, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			look := func(name string) (string, error) {
+				switch {
+				case !slices.Contains(tt.onPath, name):
+					return "", errors.New("not found")
+				case strings.HasPrefix(name, "/"):
+					return name, nil
+				}
+				return "/usr/bin/" + name, nil
+			}
+			if got := ociRuntime(DefaultConfig().OCIRuntimes, look); got != tt.want {
+				t.Errorf("ociRuntime = %q, want %q", got, tt.want)
+			}
+		})
 	}
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // A Pod's first start on a node runs programs the node has not run yet: the runc shim,
-// runc (twice: create, and its init in the container), and the CNI plugins of the pod
+// the OCI runtime (twice: create, and its init in the container), and the CNI plugins of the pod
 // network. Under TCG each first run pays for translating the program's code, and qemu
 // keeps what it translated for the same guest pages: the page cache's copy of the file,
 // mapped at the same addresses on the next run (static Go binaries, not position
@@ -33,19 +33,19 @@ type prewarmCommand struct {
 	stdin string
 }
 
-// prewarmCommands lists what prewarm runs: the programs that exist of runc, the shim
-// (found on PATH as containerd finds them) and the CNI plugins in cniBinDir, then, with
-// a bundle (writePrewarmBundle), one container's life through runc as the shim drives
-// it: create (runc and runc init, namespaces, cgroup, mounts), start, delete. A
-// sandbox's first start spent about 5 s more in runc than the next container's.
-func prewarmCommands(cniBinDir, bundle string, lookPath func(string) (string, error)) []prewarmCommand {
+// prewarmCommands lists what prewarm runs: the shim (found on PATH as containerd finds
+// it), the OCI runtime the shim drives (runtime, "" for none) and the CNI plugins in
+// cniBinDir that exist, then, with a bundle (writePrewarmBundle), one container's life
+// through the runtime as the shim drives it: create (the runtime and its init,
+// namespaces, cgroup, mounts), start, delete. A sandbox's first start spent about 5 s
+// more in runc than the next container's.
+func prewarmCommands(cniBinDir, bundle, runtime string, lookPath func(string) (string, error)) []prewarmCommand {
 	var out []prewarmCommand
 	if p, err := lookPath("containerd-shim-runc-v2"); err == nil {
 		out = append(out, prewarmCommand{path: p, args: []string{"-v"}})
 	}
-	runc, runcErr := lookPath("runc")
-	if runcErr == nil {
-		out = append(out, prewarmCommand{path: runc, args: []string{"--version"}})
+	if runtime != "" {
+		out = append(out, prewarmCommand{path: runtime, args: []string{"--version"}})
 	}
 	for _, name := range prewarmCNIPlugins() {
 		p := filepath.Join(cniBinDir, name)
@@ -55,12 +55,12 @@ func prewarmCommands(cniBinDir, bundle string, lookPath func(string) (string, er
 		}
 	}
 	out = append(out, prewarmNetworkCommands(cniBinDir, lookPath)...)
-	if runcErr == nil && bundle != "" {
+	if runtime != "" && bundle != "" {
 		root := []string{"--root", filepath.Join(bundle, "state")}
 		out = append(out,
-			prewarmCommand{path: runc, args: append(root, "create", "--bundle", bundle, prewarmContainer)},
-			prewarmCommand{path: runc, args: append(root, "start", prewarmContainer)},
-			prewarmCommand{path: runc, args: append(root, "delete", "--force", prewarmContainer)})
+			prewarmCommand{path: runtime, args: append(root, "create", "--bundle", bundle, prewarmContainer)},
+			prewarmCommand{path: runtime, args: append(root, "start", prewarmContainer)},
+			prewarmCommand{path: runtime, args: append(root, "delete", "--force", prewarmContainer)})
 	}
 	return out
 }
@@ -226,10 +226,10 @@ func (a *Agent) startPrewarm(ctx context.Context) (stop func()) {
 	done := make(chan struct{})
 	bundle := "/run/socialweb-prewarm"
 	if err := writePrewarmBundle(bundle); err != nil {
-		a.Log.Warn("warm-pool VM: no throwaway container to prewarm runc with", "err", err)
+		a.Log.Warn("warm-pool VM: no throwaway container to prewarm the OCI runtime with", "err", err)
 		bundle = ""
 	}
-	cmds := prewarmCommands(a.Layout.CNIBinDir, bundle, exec.LookPath)
+	cmds := prewarmCommands(a.Layout.CNIBinDir, bundle, a.OCIRuntime, exec.LookPath)
 	// Last, the costliest: the kubelet's start and a Pod through it (rehearsal.go).
 	if self, err := os.Executable(); err == nil {
 		argv := kubeletRehearsalArgv(self, kubeletRehearsalRoot, a.Config.SandboxImage, kubeletRehearsalFor)
@@ -250,8 +250,8 @@ func (a *Agent) startPrewarm(ctx context.Context) (stop func()) {
 			// forever, and the throwaway network would stay. They are undone beside
 			// the node's start, not before it.
 			var undo []prewarmCommand
-			if runc, err := exec.LookPath("runc"); err == nil && bundle != "" {
-				undo = append(undo, prewarmCommand{path: runc, args: []string{"--root", filepath.Join(bundle, "state"), "delete", "--force", prewarmContainer}})
+			if a.OCIRuntime != "" && bundle != "" {
+				undo = append(undo, prewarmCommand{path: a.OCIRuntime, args: []string{"--root", filepath.Join(bundle, "state"), "delete", "--force", prewarmContainer}})
 			}
 			if ip, err := exec.LookPath("ip"); err == nil {
 				undo = append(undo, prewarmNetworkUndo(ip, a.Layout.CNIBinDir)...)

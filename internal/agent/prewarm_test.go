@@ -22,13 +22,14 @@ func TestPrewarmCommands(t *testing.T) {
 		}
 	}
 	tests := []struct {
-		name   string
-		onPath []string
-		want   []string // base names, in order
+		name    string
+		onPath  []string
+		runtime string
+		want    []string // base names, in order
 	}{
-		{"runc, the shim and the sandbox's plugins", []string{"runc", "containerd-shim-runc-v2"},
+		{"the runtime, the shim and the sandbox's plugins", []string{"containerd-shim-runc-v2"}, "/usr/local/sbin/runc",
 			[]string{"containerd-shim-runc-v2", "runc", "bridge", "host-local", "portmap"}},
-		{"what is missing is left out", nil, []string{"bridge", "host-local", "portmap"}},
+		{"what is missing is left out", nil, "", []string{"bridge", "host-local", "portmap"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -39,7 +40,7 @@ func TestPrewarmCommands(t *testing.T) {
 				return "", errors.New("not found")
 			}
 			var got []string
-			for _, c := range prewarmCommands(dir, "", look) {
+			for _, c := range prewarmCommands(dir, "", tt.runtime, look) {
 				got = append(got, filepath.Base(c.path))
 				if filepath.Dir(c.path) == dir && !slices.Equal(c.env, []string{"CNI_COMMAND=VERSION"}) {
 					t.Errorf("plugin %s runs with env %v, want CNI_COMMAND=VERSION", c.path, c.env)
@@ -95,10 +96,10 @@ func TestPrewarmRunsEachAndStopsAtTheClaim(t *testing.T) {
 
 func TestPrewarmContainer(t *testing.T) {
 	look := func(name string) (string, error) { return "/usr/sbin/" + name, nil }
-	cmds := prewarmCommands(t.TempDir(), "/run/b", look)
+	cmds := prewarmCommands(t.TempDir(), "/run/b", "/usr/local/sbin/runc", look)
 	var runc [][]string
 	for _, c := range cmds {
-		if filepath.Base(c.path) == "runc" && !slices.Equal(c.args, []string{"--version"}) {
+		if c.path == "/usr/local/sbin/runc" && !slices.Equal(c.args, []string{"--version"}) {
 			runc = append(runc, c.args)
 		}
 	}
@@ -108,7 +109,7 @@ func TestPrewarmContainer(t *testing.T) {
 		{"--root", "/run/b/state", "delete", "--force", prewarmContainer},
 	}
 	if !slices.EqualFunc(runc, want, slices.Equal[[]string]) {
-		t.Errorf("runc steps %q, want %q", runc, want)
+		t.Errorf("runtime steps %q, want %q", runc, want)
 	}
 
 	dir := t.TempDir()

@@ -500,6 +500,17 @@ func ContainerdMajor(versionOutput string) (int, error) {
 	return strconv.Atoi(m[1])
 }
 
+// ociRuntime is the path of the first of names found by lookPath (which takes a path
+// as it is, if executable, as exec.LookPath does), or "" when none is.
+func ociRuntime(names []string, lookPath func(string) (string, error)) string {
+	for _, n := range names {
+		if p, err := lookPath(n); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
 // stepContainerdConfig writes containerd's config.toml and the CNI
 // template. Neither depends on the identity, so containerd can start before
 // the identity disk is read; the registry mirror (hosts.toml) is read by
@@ -529,9 +540,10 @@ func stepContainerdConfig(ctx context.Context, a *Agent) error {
 			}
 		}
 	}
+	a.OCIRuntime = ociRuntime(a.Config.OCIRuntimes, exec.LookPath)
 	files, err := ContainerdFiles(a.Layout, ContainerdOptions{
 		Major: a.ContainerdMajor, SandboxImage: a.Config.SandboxImage, LogLevel: containerdLogLevel(a.Config.ContainerdLogLevel, KernelArg),
-		SharedLayers: a.snapshotter != nil,
+		SharedLayers: a.snapshotter != nil, RuntimeBinary: a.OCIRuntime,
 	}, a.Config.CNI)
 	if err != nil {
 		return err
@@ -554,7 +566,7 @@ func stepContainerdConfig(ctx context.Context, a *Agent) error {
 		snapshotter = SharedSnapshotter
 	}
 	a.Log.Info("containerd config", "binary", a.ContainerdBinary, "major", a.ContainerdMajor, "sandbox", a.Config.SandboxImage,
-		"snapshotter", snapshotter)
+		"snapshotter", snapshotter, "runtime", a.OCIRuntime)
 	return nil
 }
 

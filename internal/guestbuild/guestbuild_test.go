@@ -3,6 +3,7 @@ package guestbuild
 import (
 	"context"
 	"debug/elf"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -165,7 +166,7 @@ func TestContainerdBuildsStatic(t *testing.T) {
 	}
 
 	l := agent.DefaultLayout()
-	cfg, err := agent.ContainerdConfig(l, agent.ContainerdOptions{Major: 2, SandboxImage: "registry.k8s.io/pause:3.10"})
+	cfg, err := agent.ContainerdConfig(l, agent.ContainerdOptions{Major: 2, SandboxImage: "registry.k8s.io/pause:3.10", RuntimeBinary: GuestRunc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,6 +184,7 @@ func TestContainerdBuildsStatic(t *testing.T) {
 		"conf_dir = '" + l.CNIConfDir + "'",
 		"address = '" + l.ContainerdSocket + "'",
 		"SystemdCgroup = false",
+		"BinaryName = '" + GuestRunc + "'",
 	} {
 		if !strings.Contains(string(dump), want) {
 			t.Errorf("containerd's effective config lacks %q:\n%s", want, dump)
@@ -193,5 +195,54 @@ func TestContainerdBuildsStatic(t *testing.T) {
 	again, err := (Builder{}).Containerd(ctx, testCacheDir(), DefaultContainerdVersion)
 	if err != nil || again != bins || time.Since(t0) > 30*time.Second {
 		t.Errorf("second Containerd: %+v, %v in %s; want the cached build", again, err, time.Since(t0))
+	}
+}
+
+// TestRuncBuildsStatic builds the guests' runc (cached between runs): static, not
+// position independent, the release asked for, with seccomp.
+func TestRuncBuildsStatic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipping the runc build")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		livetest.Skip(t, "no go command")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	runc, err := (Builder{Progress: func(m string) { t.Log(m) }}).Runc(ctx, testCacheDir(), DefaultRuncVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckStatic(runc); err != nil {
+		t.Error(err)
+	}
+	if f, err := elf.Open(runc); err != nil || f.Type != elf.ET_EXEC {
+		t.Errorf("%s: %v, %v; want a fixed-address executable (ET_EXEC)", runc, f, err)
+	}
+	v, err := exec.Command(runc, "--version").CombinedOutput()
+	if err != nil || !strings.Contains(string(v), "runc version "+strings.TrimPrefix(DefaultRuncVersion, "v")) {
+		t.Fatalf("runc --version: %v: %s", err, v)
+	}
+	feat, err := exec.Command(runc, "features").Output()
+	if err != nil {
+		t.Fatalf("runc features: %v", err)
+	}
+	var fs struct {
+		Linux struct {
+			Seccomp struct {
+				Enabled *bool `json:"enabled"`
+			} `json:"seccomp"`
+		} `json:"linux"`
+	}
+	if err := json.Unmarshal(feat, &fs); err != nil || fs.Linux.Seccomp.Enabled == nil || !*fs.Linux.Seccomp.Enabled {
+		t.Errorf("runc features: seccomp not enabled (%v):\n%s", err, feat)
+	}
+	t0 := time.Now()
+	again, err := (Builder{}).Runc(ctx, testCacheDir(), DefaultRuncVersion)
+	if err != nil || again != runc || time.Since(t0) > 30*time.Second {
+		t.Errorf("second Runc: %s, %v in %s; want the cached build", again, err, time.Since(t0))
+	}
+	if _, err := (Builder{}).Runc(ctx, testCacheDir(), "v2.0.0"); err == nil || !strings.Contains(err.Error(), "want a 1.x release") {
+		t.Errorf("Runc v2.0.0: %v", err)
 	}
 }

@@ -19,11 +19,11 @@ func AgentSpecDefaults() nodeimage.Spec {
 }
 
 // NodeImage builds the guest programs (the agent from this source tree, containerd
-// containerdVersion) and the sandbox image, and then the node image that carries them, through
+// containerdVersion, runc runcVersion) and the sandbox image, and then the node image that carries them, through
 // nodeimage.Ensure with opts. The programs are part of the image's fingerprint, so a
 // change to the agent's source makes a new image. Builds are cached under
 // <cache>/guestbuild, where <cache> is opts.CacheDir or nodeimage.DefaultCacheDir().
-func (b Builder) NodeImage(ctx context.Context, spec nodeimage.Spec, opts nodeimage.Options, containerdVersion string) (nodeimage.Result, error) {
+func (b Builder) NodeImage(ctx context.Context, spec nodeimage.Spec, opts nodeimage.Options, containerdVersion, runcVersion string) (nodeimage.Result, error) {
 	cache := opts.CacheDir
 	if cache == "" {
 		cache = nodeimage.DefaultCacheDir()
@@ -46,6 +46,10 @@ func (b Builder) NodeImage(ctx context.Context, spec nodeimage.Spec, opts nodeim
 	if err != nil {
 		return nodeimage.Result{}, fmt.Errorf("building containerd %s: %w", containerdVersion, err)
 	}
+	runc, err := b.Runc(ctx, dir, runcVersion)
+	if err != nil {
+		return nodeimage.Result{}, fmt.Errorf("building runc %s: %w", runcVersion, err)
+	}
 	// The same build of the pause image as the host registry serves: a node that has
 	// it need not pull it for its first sandbox.
 	pause, _, err := images.Build(ctx, images.Pause, images.Options{Go: b.Go})
@@ -58,6 +62,7 @@ func (b Builder) NodeImage(ctx context.Context, spec nodeimage.Spec, opts nodeim
 	}
 	maps.Copy(extra, ctrd.ExtraFiles())
 	extra[GuestAgent] = agent
+	extra[GuestRunc] = runc
 	extra[GuestSandboxImage] = pause
 	opts.ExtraFiles = extra
 	return nodeimage.Ensure(ctx, spec, opts)
