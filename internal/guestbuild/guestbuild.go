@@ -208,61 +208,78 @@ func (b Builder) Containerd(ctx context.Context, cacheDir, version string) (Cont
 	ld := "-s -w -X " + pkg + "/version.Version=" + version + " -X " + pkg + "/version.Package=" + pkg
 	sum := sha256.Sum256([]byte(strings.Join([]string{version, strings.TrimSpace(goVersion), tags, shimTags, ld}, "\n")))
 	key := version + "-" + hex.EncodeToString(sum[:])[:12]
-	base := filepath.Join(cacheDir, "containerd")
+	res := ContainerdBinaries{Version: version}
+	dir, err := b.cachedBuild(ctx, filepath.Join(cacheDir, "containerd"), key, []string{"containerd", "containerd-shim-runc-v2"}, func(bin string) error {
+		// Outside any module, with containerd's go.mod; GOTOOLCHAIN=local so a
+		// newer go directive fails here instead of downloading a toolchain.
+		env := []string{"CGO_ENABLED=0", "GOBIN=" + bin, "GOWORK=off", "GOFLAGS=", "GOTOOLCHAIN=local"}
+		b.progress("building containerd %s from the module proxy (static, tags %s); takes several minutes cold", version, tags)
+		if _, err := b.run(ctx, bin, env, "install", "-trimpath", "-tags", tags, "-ldflags", ld, pkg+"/cmd/containerd@"+version); err != nil {
+			return err
+		}
+		_, err := b.run(ctx, bin, env, "install", "-trimpath", "-tags", shimTags, "-ldflags", ld, pkg+"/cmd/containerd-shim-runc-v2@"+version)
+		return err
+	})
+	if err != nil {
+		return res, err
+	}
+	res.Containerd, res.Shim = filepath.Join(dir, "containerd"), filepath.Join(dir, "containerd-shim-runc-v2")
+	return res, nil
+}
+
+// cachedBuild returns <base>/<key>, where build has put files (executables, each
+// checked static), building them unless that directory holds them already. build
+// installs into the directory it is given (empty, outside any module); one build per
+// key runs at a time, also across processes, and a failed one leaves nothing.
+func (b Builder) cachedBuild(ctx context.Context, base, key string, files []string, build func(bin string) error) (string, error) {
 	final := filepath.Join(base, key)
-	res := ContainerdBinaries{Version: version,
-		Containerd: filepath.Join(final, "containerd"), Shim: filepath.Join(final, "containerd-shim-runc-v2")}
 	complete := func() bool {
-		for _, p := range []string{res.Containerd, res.Shim} {
-			if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
+		for _, f := range files {
+			if st, err := os.Stat(filepath.Join(final, f)); err != nil || !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
 				return false
 			}
 		}
 		return true
 	}
 	if complete() {
-		b.progress("using cached containerd %s in %s", version, final)
-		return res, nil
+		b.progress("using cached %s in %s", strings.Join(files, ", "), final)
+		return final, nil
 	}
 	if err := os.MkdirAll(base, 0o755); err != nil {
-		return res, err
+		return "", err
 	}
 	unlock, err := filelock.Wait(ctx, filepath.Join(base, "."+key+".lock"))
 	if err != nil {
-		return res, err
+		return "", err
 	}
 	defer unlock()
 	if complete() {
-		return res, nil
+		return final, nil
 	}
 	tmp, err := os.MkdirTemp(base, ".build-"+key+"-")
 	if err != nil {
-		return res, err
+		return "", err
 	}
 	defer os.RemoveAll(tmp)
 	bin := filepath.Join(tmp, "bin")
-	// Outside any module, with containerd's go.mod; GOTOOLCHAIN=local so a
-	// newer go directive fails here instead of downloading a toolchain.
-	env := []string{"CGO_ENABLED=0", "GOBIN=" + bin, "GOWORK=off", "GOFLAGS=", "GOTOOLCHAIN=local"}
+	if err := os.Mkdir(bin, 0o755); err != nil {
+		return "", err
+	}
 	t0 := time.Now()
-	b.progress("building containerd %s from the module proxy (static, tags %s); takes several minutes cold", version, tags)
-	if _, err := b.run(ctx, tmp, env, "install", "-trimpath", "-tags", tags, "-ldflags", ld, pkg+"/cmd/containerd@"+version); err != nil {
-		return res, err
+	if err := build(bin); err != nil {
+		return "", err
 	}
-	if _, err := b.run(ctx, tmp, env, "install", "-trimpath", "-tags", shimTags, "-ldflags", ld, pkg+"/cmd/containerd-shim-runc-v2@"+version); err != nil {
-		return res, err
-	}
-	for _, n := range []string{"containerd", "containerd-shim-runc-v2"} {
-		if err := CheckStatic(filepath.Join(bin, n)); err != nil {
-			return res, err
+	for _, f := range files {
+		if err := CheckStatic(filepath.Join(bin, f)); err != nil {
+			return "", err
 		}
 	}
 	if err := os.RemoveAll(final); err != nil {
-		return res, err
+		return "", err
 	}
 	if err := os.Rename(bin, final); err != nil {
-		return res, err
+		return "", err
 	}
-	b.progress("built containerd %s in %s", version, time.Since(t0).Round(time.Second))
-	return res, nil
+	b.progress("built %s in %s", strings.Join(files, ", "), time.Since(t0).Round(time.Second))
+	return final, nil
 }

@@ -10,9 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
-
-	"github.com/socialweb-computer/socialweb/internal/filelock"
 )
 
 // DefaultRuncVersion is the runc release Runc builds for the guests.
@@ -54,51 +51,16 @@ func (b Builder) Runc(ctx context.Context, cacheDir, version string) (string, er
 	ld := "-s -w -linkmode external -extldflags -static"
 	sum := sha256.Sum256([]byte(strings.Join([]string{version, strings.TrimSpace(goVersion), tags, ld, cc, libs}, "\n")))
 	key := version + "-" + hex.EncodeToString(sum[:])[:12]
-	base := filepath.Join(cacheDir, "runc")
-	final := filepath.Join(base, key)
-	out := filepath.Join(final, "runc")
-	complete := func() bool {
-		st, err := os.Stat(out)
-		return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
-	}
-	if complete() {
-		b.progress("using cached runc %s in %s", version, final)
-		return out, nil
-	}
-	if err := os.MkdirAll(base, 0o755); err != nil {
-		return "", err
-	}
-	unlock, err := filelock.Wait(ctx, filepath.Join(base, "."+key+".lock"))
+	dir, err := b.cachedBuild(ctx, filepath.Join(cacheDir, "runc"), key, []string{"runc"}, func(bin string) error {
+		env := []string{"CGO_ENABLED=1", "GOBIN=" + bin, "GOWORK=off", "GOFLAGS=", "GOTOOLCHAIN=local"}
+		b.progress("building runc %s from the module proxy (static, cgo, tags %s)", version, tags)
+		_, err := b.run(ctx, bin, env, "install", "-trimpath", "-tags", tags, "-ldflags", ld, pkg+"@"+version)
+		return err
+	})
 	if err != nil {
 		return "", err
 	}
-	defer unlock()
-	if complete() {
-		return out, nil
-	}
-	tmp, err := os.MkdirTemp(base, ".build-"+key+"-")
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(tmp)
-	bin := filepath.Join(tmp, "bin")
-	env := []string{"CGO_ENABLED=1", "GOBIN=" + bin, "GOWORK=off", "GOFLAGS=", "GOTOOLCHAIN=local"}
-	t0 := time.Now()
-	b.progress("building runc %s from the module proxy (static, cgo, tags %s)", version, tags)
-	if _, err := b.run(ctx, tmp, env, "install", "-trimpath", "-tags", tags, "-ldflags", ld, pkg+"@"+version); err != nil {
-		return "", err
-	}
-	if err := CheckStatic(filepath.Join(bin, "runc")); err != nil {
-		return "", err
-	}
-	if err := os.RemoveAll(final); err != nil {
-		return "", err
-	}
-	if err := os.Rename(bin, final); err != nil {
-		return "", err
-	}
-	b.progress("built runc %s in %s", version, time.Since(t0).Round(time.Second))
-	return out, nil
+	return filepath.Join(dir, "runc"), nil
 }
 
 // cToolchain describes what cgo links runc with: the C compiler's version, and the path
