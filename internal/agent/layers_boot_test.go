@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/socialweb-computer/socialweb/internal/identity"
+	"github.com/socialweb-computer/socialweb/internal/layerstore"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 )
 
@@ -41,6 +42,10 @@ func TestAgentUsesTheLayerShare(t *testing.T) {
 	}
 	dir := t.TempDir()
 	share := filepath.Join(dir, "share")
+	// The host's store, for its xattr probe, which the agent checks through the share.
+	if _, err := layerstore.Open(share); err != nil {
+		t.Fatal(err)
+	}
 	digest := "sha256:" + strings.Repeat("ab", 32)
 	layer := filepath.Join(share, "sha256", strings.TrimPrefix(digest, "sha256:"))
 	if err := os.MkdirAll(filepath.Join(layer, "fs", "etc"), 0o755); err != nil {

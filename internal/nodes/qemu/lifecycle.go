@@ -280,7 +280,11 @@ func (p *Provider) Exited(name string) (bool, string) {
 	log := fileQemuLog
 	switch {
 	case alive:
-		fmt.Fprintf(&b, "the virtiofsd serving its shared image layers (pid %d) exited while qemu ran: the guest's reads of image files would hang, so the VM counts as failed", vpid)
+		pid := ""
+		if vpid != 0 {
+			pid = fmt.Sprintf(" (pid %d)", vpid)
+		}
+		fmt.Fprintf(&b, "the virtiofsd serving its shared image layers%s exited while qemu ran: the guest's reads of image files would hang, so the VM counts as failed", pid)
 		log = fileVirtiofsLog
 	case done != nil:
 		fmt.Fprintf(&b, "qemu (pid %d) exited %s after it started: %s",
