@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Warm starts (issue 12 item 2) against cold boots, side by side in one run: rounds of
 # bench/nodeboot with the daemon's --warm-pool P (P = Pods per run: each node claims a
-# pool VM that is ready, and has waited -warm-settle (15 s) as pool VMs in use wait longer,
-# before the Pods are created), then --warm-pool 0, each a fresh
-# daemon and a cluster at zero nodes, the other flags the same.
+# pool VM that is ready and has waited nodeboot's -warm-settle, 40 s, past its prewarm, as
+# pool VMs in use wait longer, before the Pods are created), then --warm-pool 0, each a
+# fresh daemon and a cluster at zero nodes, the other flags the same.
 #   bench/warmstart.sh [-rounds 2] [-pods 1] [-large 0 | -ci-shaped] [-memory 1Gi] [-disk 10Gi] [-no-prewarm] [-keep]
 # Issue 12's rows:
 #   busybox Pod Pending -> Running, cluster at zero nodes   bench/warmstart.sh

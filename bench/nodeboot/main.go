@@ -93,7 +93,7 @@ func main() {
 	shared := flag.Bool("shared-layers", true, "the daemon's and image push's --shared-layers (layers unpacked on the host and shared with nodes; false: nodes pull)")
 	warmPool := flag.Int("warm-pool", 0, "the daemon's --warm-pool: node VMs of the cluster's node size kept booted, claimed by the runs' nodes (0: every node boots cold)")
 	prewarm := flag.Bool("warm-pool-prewarm", true, "the daemon's --warm-pool-prewarm: pool VMs run the programs of a Pod start while they wait")
-	warmSettle := flag.Duration("warm-settle", 15*time.Second, "how long the pool VMs wait once ready before the Pods are created (in use, a pool VM waits minutes; its prewarm takes a few seconds under TCG)")
+	warmSettle := flag.Duration("warm-settle", 40*time.Second, "how long the pool VMs wait once ready before the Pods are created (in use, a pool VM waits minutes; its prewarm, which a claim cuts short, takes 14-16 s of its vCPU under TCG)")
 	warmTimeout := flag.Duration("warm-timeout", 10*time.Minute, "how long to wait before each run for min(-warm-pool, -pods) pool VMs to be ready")
 	flag.Parse()
 	if *image == "" {
