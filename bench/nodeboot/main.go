@@ -225,7 +225,7 @@ func main() {
 		warm = fmt.Sprintf(", warm pool %d (claimed nodes marked warm)", *warmPool)
 	}
 	fmt.Printf("%d Pod(s) per run, node size %d vCPU / %s, %s, %s, %s, shared layers %v%s\n\n", *pods, *cpus, *memory, accel, cache, shape, *shared, warm)
-	fmt.Printf("| run | node | Pod->VMM start | kernel init (guest) | agent up (guest) | Pod->registered | Pod->Node Ready | Pod->Pod Running | image pull | qemu RSS | idle qemu CPU |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Printf("| run | node | Pod->VMM start | kernel init (guest) | agent up (guest) | Pod->registered | Pod->Node Ready | Pod->Pod Running | image pull | qemu RSS | idle qemu CPU | qemu CPU, Pod -> Running | host CPU, Pod -> Running |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	var rows [][]float64
 	var summary []string
 	var starts [][]float64 // the daemon's breakdown per node; NaN where it has no figure
@@ -270,7 +270,7 @@ func main() {
 			if n.warm {
 				node += " warm"
 			}
-			fmt.Printf("| %d | %s |%s %.2fs | %d MiB | %.0f%% of a core |\n", i+1, node, cells(n.times()), n.pull, n.rssMiB, 100*n.idleCPU)
+			fmt.Printf("| %d | %s |%s %.2fs | %d MiB | %.0f%% of a core | %.2fs | %.2fs |\n", i+1, node, cells(n.times()), n.pull, n.rssMiB, 100*n.idleCPU, n.startCPU, n.hostCPU)
 		}
 		breakdowns := startBreakdowns(state + ".log")
 		for j, n := range r.nodes {
@@ -297,7 +297,7 @@ func main() {
 		sort.Float64s(col)
 		med[c] = col[len(col)/2]
 	}
-	fmt.Printf("| median | all |%s | | |\n", cells(med))
+	fmt.Printf("| median | all |%s | | | | |\n", cells(med))
 	fmt.Printf("\n| run | %d Pending -> %d Running | guest memory | qemu RSS (mean) | host -> guests over the bridge | host received elsewhere | host registry on disk | warm hits |\n|---|---|---|---|---|---|---|---|\n", *pods, *pods)
 	for _, l := range summary {
 		fmt.Println(l)
@@ -393,9 +393,13 @@ type nodeTimes struct {
 	running, pull                           float64
 	rssMiB                                  int
 	idleCPU                                 float64 // host cores its qemu used while idle
-	timeline                                bool    // the console had the agent's up line
-	warm                                    bool    // claimed from the warm pool
-	pod                                     podTimes
+	// startCPU is the CPU its qemu used from the Pods' creation to its Pod running, and
+	// hostCPU what the whole host used meanwhile (every core, all processes): CPU seconds,
+	// which a busy neighbour or a slow core moves far less than wall time.
+	startCPU, hostCPU float64
+	timeline          bool // the console had the agent's up line
+	warm              bool // claimed from the warm pool
+	pod               podTimes
 }
 
 func (n nodeTimes) times() []float64 {
@@ -425,6 +429,7 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 	zero := int64(0)
 	labels := map[string]string{"bench": fmt.Sprintf("run-%d", run)}
 	bridgeTx0, otherRx0 := netCounters()
+	qemuCPU0, hostCPU0 := qemuCPUs(), hostCPUSeconds()
 	t0 := time.Now()
 	for p := range n {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("boot-%d-%d", run, p), Namespace: "default", Labels: labels},
@@ -483,6 +488,9 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 					running++
 					if nt.running == 0 {
 						nt.running = now
+						vm := vmName(nodesDir, nt.name)
+						nt.startCPU = qemuCPUSeconds(vm) - qemuCPU0[vm] // a cold node's qemu was not there: 0
+						nt.hostCPU = hostCPUSeconds() - hostCPU0
 					}
 				}
 			}
@@ -664,27 +672,76 @@ func qemuRSS(node string) (rssMiB, guestMiB int) {
 // qemuCPUSeconds is the user+system CPU time the qemu process running the VM named node
 // (vmName) has used.
 func qemuCPUSeconds(node string) float64 {
+	return qemuCPUs()[node]
+}
+
+// qemuCPUs is the user+system CPU time of each running qemu, by its VM's name (its
+// -name guest=).
+func qemuCPUs() map[string]float64 {
+	out := map[string]float64{}
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, c := range procs {
 		b, err := os.ReadFile(c)
-		if err != nil || !strings.Contains(string(b), "qemu-system") || !strings.Contains(string(b), "guest="+node) {
+		if err != nil || !strings.Contains(string(b), "qemu-system") {
 			continue
 		}
-		stat, err := os.ReadFile(filepath.Join(filepath.Dir(c), "stat"))
-		if err != nil {
-			return 0
+		name := ""
+		for _, a := range strings.Split(string(b), "\x00") {
+			if v, ok := strings.CutPrefix(a, "guest="); ok {
+				name = strings.Split(v, ",")[0]
+			}
 		}
-		// Fields after the parenthesised command: utime and stime are the 12th and 13th.
-		_, rest, _ := strings.Cut(string(stat), ") ")
-		f := strings.Fields(rest)
-		if len(f) < 13 {
-			return 0
+		if name == "" {
+			continue
 		}
-		ut, _ := strconv.ParseFloat(f[11], 64)
-		st, _ := strconv.ParseFloat(f[12], 64)
-		return (ut + st) / 100 // USER_HZ
+		if stat, err := os.ReadFile(filepath.Join(filepath.Dir(c), "stat")); err == nil {
+			out[name] = procCPUSeconds(string(stat))
+		}
 	}
-	return 0
+	return out
+}
+
+// procCPUSeconds is utime+stime from a /proc/<pid>/stat line, in seconds.
+func procCPUSeconds(stat string) float64 {
+	// Fields after the parenthesised command (which may hold ") " itself, hence the
+	// last one): utime and stime are the 12th and 13th.
+	i := strings.LastIndex(stat, ") ")
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(stat[i+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // USER_HZ
+}
+
+// hostCPUSeconds is the CPU time every core of the host has been busy (/proc/stat's
+// first line less idle and iowait; steal is not busy here), in seconds.
+func hostCPUSeconds() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return statBusySeconds(line)
+}
+
+// statBusySeconds reads the "cpu  user nice system idle iowait irq softirq steal ..."
+// line: user+nice+system+irq+softirq, in seconds.
+func statBusySeconds(line string) float64 {
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0
+	}
+	busy := 0.0
+	for _, i := range []int{1, 2, 3, 6, 7} {
+		v, _ := strconv.ParseFloat(f[i], 64)
+		busy += v
+	}
+	return busy / 100 // USER_HZ
 }
 
 func duMiB(dir string) int64 {
