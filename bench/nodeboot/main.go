@@ -431,6 +431,11 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 	bridgeTx0, otherRx0 := netCounters()
 	qemuCPU0, hostCPU0 := qemuCPUs(), hostCPUSeconds()
 	t0 := time.Now()
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	watched := watchRunning(wctx, k, "bench="+labels["bench"], t0, func(node string) float64 {
+		return qemuCPUSeconds(vmName(nodesDir, node))
+	})
 	for p := range n {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("boot-%d-%d", run, p), Namespace: "default", Labels: labels},
 			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: &zero,
@@ -445,6 +450,7 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 	}
 	nodes := map[string]*nodeTimes{}
 	var res runResult
+	lastRunning := 0.0 // seconds from t0 to the last Pod seen running
 	deadline := t0.Add(timeout)
 	for {
 		if time.Now().After(deadline) {
@@ -484,14 +490,19 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 					continue
 				}
 				nt.pod.observe(now, events[p.Name])
-				if allRunning(&p) {
+				r, ok := watched.get(p.Name)
+				if !ok && allRunning(&p) { // the watch missed it: this poll's time
+					r, ok = runningAt{at: now, qemuCPU: qemuCPUSeconds(vmName(nodesDir, nt.name)), hostCPU: hostCPUSeconds()}, true
+				}
+				if ok {
 					running++
 					if nt.running == 0 {
-						nt.running = now
 						vm := vmName(nodesDir, nt.name)
-						nt.startCPU = qemuCPUSeconds(vm) - qemuCPU0[vm] // a cold node's qemu was not there: 0
-						nt.hostCPU = hostCPUSeconds() - hostCPU0
+						nt.running = r.at
+						nt.startCPU = r.qemuCPU - qemuCPU0[vm] // a cold node's qemu was not there: 0
+						nt.hostCPU = r.hostCPU - hostCPU0
 					}
+					lastRunning = max(lastRunning, r.at)
 				}
 			}
 		}
@@ -501,7 +512,7 @@ func measure(ctx context.Context, k kubernetes.Interface, state string, run, n i
 			}
 		}
 		if running == n && res.allRunning == 0 {
-			res.allRunning = time.Since(t0)
+			res.allRunning = time.Duration(lastRunning * float64(time.Second))
 		}
 		if res.allRunning > 0 && timelines >= n {
 			break

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -105,4 +107,61 @@ func podEvents(ctx context.Context, k kubernetes.Interface) map[string]map[strin
 		out[e.InvolvedObject.Name][e.Reason] = true
 	}
 	return out
+}
+
+// runningAt is when a Pod was first seen with all its containers started (seconds from
+// the Pods' creation), with qemu's CPU seconds for its node's VM and the host's at that
+// moment.
+type runningAt struct {
+	at, qemuCPU, hostCPU float64
+}
+
+// runningWatch follows Pods through a watch, so that a Pod running is stamped when the
+// API server says so, not at the bench's next poll (whose rounds take a few tenths of a
+// second: they list Pods, events and Nodes).
+type runningWatch struct {
+	mu   sync.Mutex
+	seen map[string]runningAt
+}
+
+// watchRunning watches the Pods matching selector until ctx ends, stamping times from
+// t0; cpu gives the CPU seconds of the VM running a node. A Pod runs seconds after its
+// creation, so a watch from "now" misses none; if the watch fails, get reports nothing
+// and the caller's poll decides.
+func watchRunning(ctx context.Context, k kubernetes.Interface, selector string, t0 time.Time, cpu func(node string) float64) *runningWatch {
+	w := &runningWatch{seen: map[string]runningAt{}}
+	go func() {
+		rv := ""
+		for ctx.Err() == nil {
+			wi, err := k.CoreV1().Pods("default").Watch(ctx, metav1.ListOptions{LabelSelector: selector, ResourceVersion: rv})
+			if err != nil {
+				return
+			}
+			for ev := range wi.ResultChan() {
+				p, ok := ev.Object.(*corev1.Pod)
+				if !ok {
+					continue
+				}
+				rv = p.ResourceVersion
+				if !allRunning(p) {
+					continue
+				}
+				w.mu.Lock()
+				if _, done := w.seen[p.Name]; !done {
+					w.seen[p.Name] = runningAt{at: time.Since(t0).Seconds(), qemuCPU: cpu(p.Spec.NodeName), hostCPU: hostCPUSeconds()}
+				}
+				w.mu.Unlock()
+			}
+			wi.Stop()
+		}
+	}()
+	return w
+}
+
+// get is when Pod name was first seen running, if it was.
+func (w *runningWatch) get(name string) (runningAt, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r, ok := w.seen[name]
+	return r, ok
 }
