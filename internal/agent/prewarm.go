@@ -18,7 +18,8 @@ import (
 // network. Under TCG each first run pays for translating the program's code, and qemu
 // keeps what it translated for the same guest pages: the page cache's copy of the file,
 // mapped at the same addresses on the next run (static Go binaries, not position
-// independent). A warm-pool VM therefore runs each of them once, in a mode that does
+// independent; and, as TCG guests boot with norandmaps, shared libraries and PIE
+// programs too). A warm-pool VM therefore runs each of them once, in a mode that does
 // nothing, while it waits to be claimed, and its first Pod does not pay again.
 
 // prewarmCNIPlugins are the CNI plugins every sandbox runs: the conflist's (bridge,

@@ -67,6 +67,9 @@ type Options struct {
 	Accel string
 	// TCGCacheMiB is each TCG node VM's translation cache (qemu tb-size); 0 is qemu's.
 	TCGCacheMiB int64
+	// TCGGuestASLR keeps address space randomization in TCG node VMs, which otherwise
+	// boot with norandmaps so that TCG reuses what it translated (qemu.Config).
+	TCGGuestASLR bool
 	// SharedLayers unpacks every image layer of the host registry once, on the host, and
 	// gives each node VM the unpacked layers read-only through virtio-fs; false leaves
 	// nodes pulling and unpacking every layer themselves.
@@ -329,7 +332,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		reg.MustRegister(door.Collector())
 	}
 	nodeServices, err := nodeservice.Start(ctx,
-		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, BootTimeout: v.NodeBootTimeout,
+		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, TCGGuestASLR: v.TCGGuestASLR, BootTimeout: v.NodeBootTimeout,
 			SharedLayers: v.SharedLayers, Executable: v.Executable, WarmPool: v.WarmPool, WarmPoolShape: warmPoolShape(v.Defaults),
 			WarmPoolPrewarm: v.WarmPoolPrewarm},
 		nodeservice.Deps{Networks: nets, Plan: plan, Status: provider.ScaleStatus{Client: dyn}, Metrics: reg, Log: log})

@@ -40,6 +40,8 @@ type Config struct {
 	// Verdict is the accelerator chosen by probing the image (--accel).
 	Verdict     *qemu.Verdict
 	TCGCacheMiB int64
+	// TCGGuestASLR keeps ASLR in TCG guests (qemu.Config.TCGGuestASLR).
+	TCGGuestASLR bool
 	// BootTimeout is the Host's (0: the scale driver's defaults).
 	BootTimeout time.Duration
 	// SharedLayers prepares every registry image's layers under <StateDir>/layers and
@@ -95,7 +97,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 		}
 		layers = &layershare.Config{Dir: store.Dir(), Executable: cfg.Executable}
 	}
-	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(cfg.StateDir, "nodes"), ImageDir: cfg.NodeImage, Verdict: cfg.Verdict, TCGCacheMiB: cfg.TCGCacheMiB, Layers: layers,
+	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(cfg.StateDir, "nodes"), ImageDir: cfg.NodeImage, Verdict: cfg.Verdict, TCGCacheMiB: cfg.TCGCacheMiB, TCGGuestASLR: cfg.TCGGuestASLR, Layers: layers,
 		PoolSize: cfg.WarmPool, PoolShape: cfg.WarmPoolShape, PoolPrewarm: cfg.WarmPoolPrewarm, PoolRefillDelay: qemu.DefaultPoolRefillDelay},
 		qemu.Deps{Networks: deps.Networks, Joiner: joiners, Plan: deps.Plan, Log: log.With("component", "qemu")})
 	if err != nil {

@@ -101,8 +101,15 @@ func (l launch) args() []string {
 }
 
 // kernelCmdline is the image's command line, with socialweb.init= from the manifest if
-// the command line lacks it and, under TCG when the host's TSC rate is known,
-// tsc_early_khz=<rate> tsc=reliable.
+// the command line lacks it and, under TCG, norandmaps when fixedMaps is set and, when
+// the host's TSC rate is known, tsc_early_khz=<rate> tsc=reliable.
+//
+// norandmaps: qemu 7.2's TCG finds a translated block by the guest's virtual address.
+// With ASLR every process maps its shared libraries (and a PIE binary) at new addresses,
+// so what one nft, CNI plugin or mount translated is thrown away for the next, and what
+// a warm-pool VM translated while it waited (its prewarm) is not reused by the Pod start.
+// Fixed maps make those runs hit the cache (docs/benchmarks.md, issue 12). It is a
+// TCG-only trade: under KVM nothing is translated and ASLR stays.
 //
 // Under TCG microvm has no kvmclock, HPET or ACPI PM timer. tsc_early_khz= skips the TSC
 // calibration against the PIT, which fails on a loaded host and stalls the boot (see
@@ -111,11 +118,14 @@ func (l launch) args() []string {
 // fall behind whenever the emulator is starved), marks the TSC unstable ("skew is too
 // large", observed here on every loaded boot) and keeps time with refined-jiffies, so the
 // node's clock drifts behind the host's -- bad for certificates and leases.
-func kernelCmdline(m *nodeimage.Manifest, accel Accel, tscKHz int64) string {
+func kernelCmdline(m *nodeimage.Manifest, accel Accel, tscKHz int64, fixedMaps bool) string {
 	c := strings.TrimSpace(m.Cmdline)
 	has := func(k string) bool { return strings.Contains(" "+c, " "+k) }
 	if !has("socialweb.init=") && m.Init != "" {
 		c += " socialweb.init=" + m.Init
+	}
+	if accel == AccelTCG && fixedMaps && !has("norandmaps") {
+		c += " norandmaps"
 	}
 	if accel == AccelTCG && tscKHz > 0 {
 		if !has("tsc_early_khz=") {

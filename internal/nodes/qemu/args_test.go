@@ -159,19 +159,23 @@ func TestKernelCmdline(t *testing.T) {
 	m := &nodeimage.Manifest{Cmdline: "console=ttyS0 root=/dev/vda rw socialweb.init=/sbin/agent", Init: "/sbin/agent"}
 	old := &nodeimage.Manifest{Cmdline: "console=ttyS0 root=/dev/vda rw", Init: "/sbin/agent"}
 	for _, tc := range []struct {
-		name  string
-		m     *nodeimage.Manifest
-		accel Accel
-		tsc   int64
-		want  string
+		name      string
+		m         *nodeimage.Manifest
+		accel     Accel
+		tsc       int64
+		fixedMaps bool
+		want      string
 	}{
-		{"tcg adds tsc_early_khz and tsc=reliable", m, AccelTCG, 2096012, "console=ttyS0 root=/dev/vda rw socialweb.init=/sbin/agent tsc_early_khz=2096012 tsc=reliable"},
-		{"an image's own tsc= wins", &nodeimage.Manifest{Cmdline: "console=ttyS0 tsc=unstable socialweb.init=/a"}, AccelTCG, 1000, "console=ttyS0 tsc=unstable socialweb.init=/a tsc_early_khz=1000"},
-		{"kvm does not", m, AccelKVM, 2096012, "console=ttyS0 root=/dev/vda rw socialweb.init=/sbin/agent"},
-		{"tcg with unknown rate", m, AccelTCG, 0, "console=ttyS0 root=/dev/vda rw socialweb.init=/sbin/agent"},
-		{"init from the manifest when the cmdline lacks it", old, AccelKVM, 0, "console=ttyS0 root=/dev/vda rw socialweb.init=/sbin/agent"},
+		{"tcg adds tsc_early_khz and tsc=reliable", m, AccelTCG, 2096012, false, "console=ttyS0 root=/dev/vda rw socialweb.init=/sbin/agent tsc_early_khz=2096012 tsc=reliable"},
+		{"an image's own tsc= wins", &nodeimage.Manifest{Cmdline: "console=ttyS0 tsc=unstable socialweb.init=/a"}, AccelTCG, 1000, false, "console=ttyS0 tsc=unstable socialweb.init=/a tsc_early_khz=1000"},
+		{"kvm does not", m, AccelKVM, 2096012, false, "console=ttyS0 root=/dev/vda rw socialweb.init=/sbin/agent"},
+		{"tcg with unknown rate", m, AccelTCG, 0, false, "console=ttyS0 root=/dev/vda rw socialweb.init=/sbin/agent"},
+		{"init from the manifest when the cmdline lacks it", old, AccelKVM, 0, false, "console=ttyS0 root=/dev/vda rw socialweb.init=/sbin/agent"},
+		{"tcg with fixed maps adds norandmaps", m, AccelTCG, 2096012, true, "console=ttyS0 root=/dev/vda rw socialweb.init=/sbin/agent norandmaps tsc_early_khz=2096012 tsc=reliable"},
+		{"kvm keeps ASLR whatever it is asked", m, AccelKVM, 2096012, true, "console=ttyS0 root=/dev/vda rw socialweb.init=/sbin/agent"},
+		{"an image's own norandmaps is not repeated", &nodeimage.Manifest{Cmdline: "console=ttyS0 norandmaps socialweb.init=/a"}, AccelTCG, 0, true, "console=ttyS0 norandmaps socialweb.init=/a"},
 	} {
-		if got := kernelCmdline(tc.m, tc.accel, tc.tsc); got != tc.want {
+		if got := kernelCmdline(tc.m, tc.accel, tc.tsc, tc.fixedMaps); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
 	}

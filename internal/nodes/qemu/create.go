@@ -238,17 +238,18 @@ func (p *Provider) reserve(req nodes.NodeRequest, plan nodenet.Plan) (*instance,
 	}
 	ones, _ := plan.NodeCIDR.Mask.Size()
 	inst := &instance{dir: dir, creating: true, rec: record{
-		Version:     recordVersion,
-		Request:     req,
-		Address:     fmt.Sprintf("%s/%d", addr, ones),
-		Tap:         nodenet.TapName(plan.Index, req.Cluster, req.Name),
-		Bridge:      nodenet.BridgeName(plan.Index),
-		MAC:         nodenet.NodeMAC(req.Cluster, req.Name).String(),
-		ImageDir:    p.imageDir,
-		Accel:       p.accel,
-		TCGCacheMiB: p.cfg.TCGCacheMiB,
-		LayersDir:   p.layersDir(),
-		Created:     p.now(),
+		Version:      recordVersion,
+		Request:      req,
+		Address:      fmt.Sprintf("%s/%d", addr, ones),
+		Tap:          nodenet.TapName(plan.Index, req.Cluster, req.Name),
+		Bridge:       nodenet.BridgeName(plan.Index),
+		MAC:          nodenet.NodeMAC(req.Cluster, req.Name).String(),
+		ImageDir:     p.imageDir,
+		Accel:        p.accel,
+		TCGCacheMiB:  p.cfg.TCGCacheMiB,
+		TCGFixedMaps: p.tcgFixedMaps(),
+		LayersDir:    p.layersDir(),
+		Created:      p.now(),
 	}}
 	p.insts[req.Name] = inst
 	return inst, addr, nil
@@ -352,7 +353,7 @@ func (p *Provider) launchFor(inst *instance) launch {
 		MemoryMiB:    r.Request.MemoryMiB,
 		Kernel:       filepath.Join(p.imageDir, nodeimage.FileKernel),
 		Initrd:       filepath.Join(p.imageDir, nodeimage.FileInitramfs),
-		Cmdline:      kernelCmdline(p.image, r.Accel, p.host.TSCkHz),
+		Cmdline:      kernelCmdline(p.image, r.Accel, p.host.TSCkHz, r.TCGFixedMaps),
 		Rootfs:       filepath.Join(inst.dir, fileRootfs),
 		IdentityDisk: filepath.Join(inst.dir, fileIdentity),
 		DataDisk:     dataDisk,
@@ -371,6 +372,12 @@ func layersSocket(r record) string {
 		return ""
 	}
 	return sockVirtiofs
+}
+
+// tcgFixedMaps reports whether new VMs boot with norandmaps: under TCG, unless
+// Config.TCGGuestASLR keeps randomization.
+func (p *Provider) tcgFixedMaps() bool {
+	return p.accel == AccelTCG && !p.cfg.TCGGuestASLR
 }
 
 func (p *Provider) layersDir() string {

@@ -209,12 +209,13 @@ func (in *instance) unclaimedLocked() bool {
 }
 
 // claimableLocked reports whether in can become a node of p's pool size now: it runs,
-// under the accelerator, TCG cache, layers and image new VMs get. Called with p.mu held.
+// under the accelerator, TCG cache and maps, layers and image new VMs get. Called with
+// p.mu held.
 func (p *Provider) claimableLocked(in *instance) bool {
 	r := in.rec
 	return in.unclaimedLocked() && !in.creating && in.stalled == "" && in.alive() && !in.shareLost() &&
 		p.pool.shape.fits(r.Request) && r.Accel == p.accel && r.TCGCacheMiB == p.cfg.TCGCacheMiB &&
-		r.LayersDir == p.layersDir() && r.ImageDir == p.imageDir
+		r.TCGFixedMaps == p.tcgFixedMaps() && r.LayersDir == p.layersDir() && r.ImageDir == p.imageDir
 }
 
 // tendPool looks at each unclaimed pool VM (ready yet? died? stuck? of an old
@@ -387,16 +388,17 @@ func (p *Provider) bootPoolVM(ctx context.Context) error {
 		return err
 	}
 	inst := &instance{dir: dir, creating: true, rec: record{
-		Version:     recordVersion,
-		Request:     req,
-		Tap:         nodenet.PoolTapName(name),
-		MAC:         nodenet.PoolMAC(name).String(),
-		ImageDir:    p.imageDir,
-		Accel:       p.accel,
-		TCGCacheMiB: p.cfg.TCGCacheMiB,
-		LayersDir:   p.layersDir(),
-		Created:     p.now(),
-		Pool:        true,
+		Version:      recordVersion,
+		Request:      req,
+		Tap:          nodenet.PoolTapName(name),
+		MAC:          nodenet.PoolMAC(name).String(),
+		ImageDir:     p.imageDir,
+		Accel:        p.accel,
+		TCGCacheMiB:  p.cfg.TCGCacheMiB,
+		TCGFixedMaps: p.tcgFixedMaps(),
+		LayersDir:    p.layersDir(),
+		Created:      p.now(),
+		Pool:         true,
 	}}
 	p.insts[name] = inst
 	p.mu.Unlock()

@@ -684,3 +684,45 @@ func TestPoolRefillDelay(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPoolGuestASLR: under TCG pool VMs boot with norandmaps unless TCGGuestASLR keeps
+// randomization, and their record says which; a pool VM booted the other way is not
+// claimed (a daemon restarted with the other setting).
+func TestPoolGuestASLR(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		aslr          bool
+		wantFixedMaps bool
+	}{
+		{"by default: fixed maps", false, true},
+		{"TCGGuestASLR: randomized", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFakeEnv(t)
+			e.cfg.TCGGuestASLR = tc.aslr
+			p := e.poolProvider(t, 1, nil)
+			waitPoolReady(t, p, 1)
+			name := onlyPoolVM(t, p)
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			in := p.insts[name]
+			if in.rec.Process == nil {
+				t.Fatal("the pool VM's record has no qemu process")
+			}
+			cmdline := strings.Join(in.rec.Process.Cmdline, " ")
+			if got := strings.Contains(cmdline, "norandmaps"); got != tc.wantFixedMaps {
+				t.Errorf("norandmaps on the command line: %v, want %v (%s)", got, tc.wantFixedMaps, cmdline)
+			}
+			if in.rec.TCGFixedMaps != tc.wantFixedMaps {
+				t.Errorf("record TCGFixedMaps = %v, want %v", in.rec.TCGFixedMaps, tc.wantFixedMaps)
+			}
+			if !p.claimableLocked(in) {
+				t.Error("the pool VM is not claimable under the setting it was booted with")
+			}
+			p.cfg.TCGGuestASLR = !tc.aslr
+			if p.claimableLocked(in) {
+				t.Error("the pool VM is claimable under the other setting")
+			}
+		})
+	}
+}

@@ -94,6 +94,9 @@ type Config struct {
 	// TCGCacheMiB is each TCG guest's translation cache (qemu's tb-size); 0 leaves
 	// qemu's default (1 GiB). Under TCG most of a VMM's own memory is this cache.
 	TCGCacheMiB int64
+	// TCGGuestASLR keeps address space randomization in TCG guests. By default they boot
+	// with norandmaps, so that translated code is reused across processes (kernelCmdline).
+	TCGGuestASLR bool
 	// ProbeCacheDir keeps KVM probe verdicts (default: nodeimage.DefaultCacheDir()).
 	ProbeCacheDir string
 	// EarlyBootTimeout: a VM whose console shows no kernel progress after this is

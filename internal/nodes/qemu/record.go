@@ -50,8 +50,10 @@ type record struct {
 	Accel    Accel             `json:"accel"`
 	// TCGCacheMiB is the TCG translation cache qemu was given (tb-size); 0 is qemu's
 	// default. Host memory accounting counts it.
-	TCGCacheMiB int64     `json:"tcgCacheMiB,omitempty"`
-	Created     time.Time `json:"created"`
+	TCGCacheMiB int64 `json:"tcgCacheMiB,omitempty"`
+	// TCGFixedMaps: the guest was booted with norandmaps (TCG only; see kernelCmdline).
+	TCGFixedMaps bool      `json:"tcgFixedMaps,omitempty"`
+	Created      time.Time `json:"created"`
 	// Process is qemu's identity (pid + start time + cmdline); nil until qemu started.
 	Process *supervisor.Identity `json:"process,omitempty"`
 	// LayersDir is the layer store shared with the VM through virtio-fs; "" for none.
