@@ -237,20 +237,12 @@ func (p *Provider) reserve(req nodes.NodeRequest, plan nodenet.Plan) (*instance,
 		return nil, nil, err
 	}
 	ones, _ := plan.NodeCIDR.Mask.Size()
-	inst := &instance{dir: dir, creating: true, rec: record{
-		Version:      recordVersion,
-		Request:      req,
-		Address:      fmt.Sprintf("%s/%d", addr, ones),
-		Tap:          nodenet.TapName(plan.Index, req.Cluster, req.Name),
-		Bridge:       nodenet.BridgeName(plan.Index),
-		MAC:          nodenet.NodeMAC(req.Cluster, req.Name).String(),
-		ImageDir:     p.imageDir,
-		Accel:        p.accel,
-		TCGCacheMiB:  p.cfg.TCGCacheMiB,
-		TCGFixedMaps: p.tcgFixedMaps(),
-		LayersDir:    p.layersDir(),
-		Created:      p.now(),
-	}}
+	rec := p.newRecord(req)
+	rec.Address = fmt.Sprintf("%s/%d", addr, ones)
+	rec.Tap = nodenet.TapName(plan.Index, req.Cluster, req.Name)
+	rec.Bridge = nodenet.BridgeName(plan.Index)
+	rec.MAC = nodenet.NodeMAC(req.Cluster, req.Name).String()
+	inst := &instance{dir: dir, creating: true, rec: rec}
 	p.insts[req.Name] = inst
 	return inst, addr, nil
 }
@@ -372,6 +364,22 @@ func layersSocket(r record) string {
 		return ""
 	}
 	return sockVirtiofs
+}
+
+// newRecord is the record of a VM about to boot for req: what p boots new VMs with (the
+// image, accelerator, TCG settings and layer share; claimableLocked compares a pool VM's
+// with these), without its network.
+func (p *Provider) newRecord(req nodes.NodeRequest) record {
+	return record{
+		Version:      recordVersion,
+		Request:      req,
+		ImageDir:     p.imageDir,
+		Accel:        p.accel,
+		TCGCacheMiB:  p.cfg.TCGCacheMiB,
+		TCGFixedMaps: p.tcgFixedMaps(),
+		LayersDir:    p.layersDir(),
+		Created:      p.now(),
+	}
 }
 
 // tcgFixedMaps reports whether new VMs boot with norandmaps: under TCG, unless

@@ -387,19 +387,11 @@ func (p *Provider) bootPoolVM(ctx context.Context) error {
 		p.mu.Unlock()
 		return err
 	}
-	inst := &instance{dir: dir, creating: true, rec: record{
-		Version:      recordVersion,
-		Request:      req,
-		Tap:          nodenet.PoolTapName(name),
-		MAC:          nodenet.PoolMAC(name).String(),
-		ImageDir:     p.imageDir,
-		Accel:        p.accel,
-		TCGCacheMiB:  p.cfg.TCGCacheMiB,
-		TCGFixedMaps: p.tcgFixedMaps(),
-		LayersDir:    p.layersDir(),
-		Created:      p.now(),
-		Pool:         true,
-	}}
+	rec := p.newRecord(req)
+	rec.Tap = nodenet.PoolTapName(name)
+	rec.MAC = nodenet.PoolMAC(name).String()
+	rec.Pool = true
+	inst := &instance{dir: dir, creating: true, rec: rec}
 	p.insts[name] = inst
 	p.mu.Unlock()
 
