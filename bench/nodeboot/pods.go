@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -138,6 +139,10 @@ func watchRunning(ctx context.Context, k kubernetes.Interface, selector string, 
 				return
 			}
 			for ev := range wi.ResultChan() {
+				if ev.Type == watch.Error { // e.g. its version expired: start again from now
+					rv = ""
+					continue
+				}
 				p, ok := ev.Object.(*corev1.Pod)
 				if !ok {
 					continue

@@ -21,6 +21,7 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/socialweb-computer/socialweb/internal/guestbuild"
 	"github.com/socialweb-computer/socialweb/internal/identity"
 	"github.com/socialweb-computer/socialweb/internal/pki"
 )
@@ -814,7 +815,7 @@ func TestOCIRuntime(t *testing.T) {
 		onPath []string
 		want   string
 	}{
-		{"the image's runc before Debian's", []string{"runc", "/usr/local/sbin/runc"}, "/usr/local/sbin/runc"},
+		{"the image's runc before Debian's", []string{"runc", guestbuild.GuestRunc}, guestbuild.GuestRunc},
 		{"Debian's runc alone", []string{"runc"}, "/usr/bin/runc"},
 		{"neither", nil, ""},
 	}

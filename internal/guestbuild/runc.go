@@ -5,11 +5,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 )
 
 // DefaultRuncVersion is the runc release Runc builds for the guests.
@@ -24,8 +25,13 @@ const GuestRunc = "/usr/local/sbin/runc"
 // it links static.
 var RuncTags = []string{"seccomp", "urfave_cli_no_docs", "netgo", "osusergo"}
 
-// runcStaticLibs are the C libraries linked into runc; their contents are build inputs.
-var runcStaticLibs = []string{"libseccomp.a", "libc.a"}
+// runcStaticLib is a C library linked into runc (its contents are a build input) and
+// the Debian package that has it.
+type runcStaticLib struct{ file, pkg string }
+
+func runcStaticLibs() []runcStaticLib {
+	return []runcStaticLib{{"libseccomp.a", "libseccomp-dev"}, {"libc.a", "libc6-dev"}}
+}
 
 // Runc returns runc of version, built with `go install ...@version` into
 // <cacheDir>/runc/<version>-<key>/ unless that holds it already. runc needs cgo (its
@@ -77,31 +83,17 @@ func cToolchain(ctx context.Context) (cc, libs string, err error) {
 	}
 	cc = gcc + " " + strings.TrimSpace(string(v))
 	var b strings.Builder
-	for _, lib := range runcStaticLibs {
-		p, err := exec.CommandContext(ctx, gcc, "-print-file-name="+lib).Output()
+	for _, lib := range runcStaticLibs() {
+		p, err := exec.CommandContext(ctx, gcc, "-print-file-name="+lib.file).Output()
 		path := strings.TrimSpace(string(p))
 		if err != nil || !filepath.IsAbs(path) {
-			pkg := map[string]string{"libseccomp.a": "libseccomp-dev", "libc.a": "libc6-dev"}[lib]
-			return "", "", fmt.Errorf("runc links %s static, which %s does not find: apt-get install %s, or run hack/deps", lib, gcc, pkg)
+			return "", "", fmt.Errorf("runc links %s static, which %s does not find: apt-get install %s, or run hack/deps", lib.file, gcc, lib.pkg)
 		}
-		h, err := fileSHA256(path)
+		h, _, err := nodeimage.SHA256File(path)
 		if err != nil {
-			return "", "", err
+			return "", "", fmt.Errorf("hashing %s: %w", path, err)
 		}
 		fmt.Fprintf(&b, "%s %s\n", path, h)
 	}
 	return cc, b.String(), nil
-}
-
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("hashing %s: %w", path, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -140,7 +140,7 @@ func describeFile(file string, hash bool) (ManifestFile, error) {
 		}
 		return ManifestFile{Size: st.Size()}, nil
 	}
-	sum, n, err := sha256File(file)
+	sum, n, err := SHA256File(file)
 	return ManifestFile{Size: n, SHA256: sum}, err
 }
 

@@ -135,7 +135,8 @@ func sha256Hex(b []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
-func sha256File(file string) (string, int64, error) {
+// SHA256File is the hex SHA-256 of file's contents, and its size.
+func SHA256File(file string) (string, int64, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return "", 0, err
@@ -167,7 +168,7 @@ func digestExtraFiles(extra map[string]string) ([]FileDigest, error) {
 			errs = append(errs, fmt.Errorf("extra file for %s: %s is not a regular file", guest, host))
 			continue
 		}
-		sum, n, err := sha256File(host)
+		sum, n, err := SHA256File(host)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("extra file for %s: %w", guest, err))
 			continue

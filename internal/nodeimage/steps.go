@@ -459,7 +459,7 @@ func stepRootfs(ctx context.Context, b *Build) error {
 	}
 
 	for _, f := range b.Resolved.ExtraFiles {
-		sum, _, err := sha256File(f.Host)
+		sum, _, err := SHA256File(f.Host)
 		if err != nil {
 			return err
 		}
