@@ -219,16 +219,20 @@ func (m *Manager) AddTap(ctx context.Context, cluster string, plan Plan, node st
 	return tap, nil
 }
 
-// AddPoolTap creates a warm-pool VM's tap (PoolTapName), left down and on no bridge: the
-// VM has no network until ClaimTap gives the tap to a cluster. An existing tap is fine
-// (a retried AddPoolTap). The returned Tap has no Bridge; its MAC is PoolMAC(vm).
-func (m *Manager) AddPoolTap(ctx context.Context, vm string) (Tap, error) {
+// AddPoolTap creates a warm-pool VM's tap (PoolTapName of owner and vm), left down and
+// on no bridge: the VM has no network until ClaimTap gives the tap to a cluster. An
+// existing tap is fine (a retried AddPoolTap). The returned Tap has no Bridge; its MAC is
+// PoolMAC(vm).
+func (m *Manager) AddPoolTap(ctx context.Context, owner, vm string) (Tap, error) {
 	if vm == "" {
 		return Tap{}, errors.New("adding a pool tap: empty VM name")
 	}
+	if err := checkPoolTapOwner(owner); err != nil {
+		return Tap{}, fmt.Errorf("adding a pool tap for VM %s: %w", vm, err)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	tap := Tap{Name: PoolTapName(vm), MAC: PoolMAC(vm)}
+	tap := Tap{Name: PoolTapName(owner, vm), MAC: PoolMAC(vm)}
 	if _, err := m.cmd(ctx, "", "ip", "tuntap", "add", "dev", tap.Name, "mode", "tap"); err != nil {
 		if _, serr := m.cmd(ctx, "", "ip", "-o", "link", "show", "dev", tap.Name); serr != nil {
 			return Tap{}, explain(err, "creating pool tap %s for VM %s", tap.Name, vm)
@@ -251,7 +255,7 @@ func (m *Manager) ClaimTap(ctx context.Context, poolTap string, cluster string, 
 		return Tap{}, err
 	}
 	if !poolTapRe.MatchString(poolTap) {
-		return Tap{}, fmt.Errorf("claiming tap %q: not a pool tap name (swp-<hash>, from AddPoolTap)", poolTap)
+		return Tap{}, fmt.Errorf("claiming tap %q: not a pool tap name (swp<owner>-<hash>, from AddPoolTap)", poolTap)
 	}
 	if node == "" {
 		return Tap{}, fmt.Errorf("claiming tap %s for cluster %s: empty node name", poolTap, cluster)
@@ -293,8 +297,8 @@ func (m *Manager) ClaimTap(ctx context.Context, poolTap string, cluster string, 
 // RemoveTap deletes a tap made by AddTap, AddPoolTap or ClaimTap; a missing one is not
 // an error.
 func (m *Manager) RemoveTap(ctx context.Context, name string) error {
-	if !tapRe.MatchString(name) && !poolTapRe.MatchString(name) {
-		return fmt.Errorf("removing tap %q: not a socialweb tap name (swt<index>-<hash> or swp-<hash>); refusing to delete it", name)
+	if !tapRe.MatchString(name) && !poolTapRe.MatchString(name) && !legacyPoolTapRe.MatchString(name) {
+		return fmt.Errorf("removing tap %q: not a socialweb tap name (swt<index>-<hash> or swp<owner>-<hash>); refusing to delete it", name)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -431,20 +435,32 @@ func (m *Manager) Remove(ctx context.Context, cluster string, plan Plan) error {
 	return nil
 }
 
-// PoolTaps lists the warm-pool taps not claimed (swp-<hash>): on daemon start and
-// `down`, what is left of pool VMs that are gone, to RemoveTap.
-func (m *Manager) PoolTaps(ctx context.Context) ([]string, error) {
+// PoolTaps lists owner's warm-pool taps not claimed (swp<owner>-<hash>): on daemon
+// start and `down`, what is left of its pool VMs that are gone, to RemoveTap. Another
+// owner's taps (another daemon's, maybe with pool VMs waiting on them) are not listed.
+func (m *Manager) PoolTaps(ctx context.Context, owner string) ([]string, error) {
+	if err := checkPoolTapOwner(owner); err != nil {
+		return nil, fmt.Errorf("listing pool taps: %w", err)
+	}
 	links, err := m.links(ctx)
 	if err != nil {
 		return nil, explain(err, "listing links to find pool taps")
 	}
 	var taps []string
 	for _, l := range links {
-		if poolTapRe.MatchString(l) {
+		if m := poolTapRe.FindStringSubmatch(l); m != nil && m[1] == owner {
 			taps = append(taps, l)
 		}
 	}
 	return taps, nil
+}
+
+// checkPoolTapOwner accepts what PoolTapOwner returns: 4 lower-case hex digits.
+func checkPoolTapOwner(owner string) error {
+	if !poolTapOwnerRe.MatchString(owner) {
+		return fmt.Errorf("pool tap owner %q is not 4 lower-case hex digits (nodenet.PoolTapOwner of the state directory)", owner)
+	}
+	return nil
 }
 
 // links lists the names of the host's interfaces.
@@ -469,7 +485,7 @@ func (m *Manager) links(ctx context.Context) ([]string, error) {
 // Owned is what socialweb has on this host.
 type Owned struct {
 	Bridges []string // swb<index>
-	Taps    []string // swt<index>-<hash>; unclaimed pool taps (swp-<hash>) are PoolTaps'
+	Taps    []string // swt<index>-<hash>; unclaimed pool taps (swp<owner>-<hash>) are PoolTaps'
 	Routes  []string // non-kernel routes through a socialweb bridge (pod routes), as `ip route` prints them
 	Tables  []string // "inet socialweb-<index>"
 }

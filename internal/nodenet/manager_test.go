@@ -225,16 +225,20 @@ func TestRemoveTap(t *testing.T) {
 	if err := m.RemoveTap(context.Background(), name); err != nil {
 		t.Errorf("removing a missing tap: %v", err)
 	}
-	pool := PoolTapName("pool-0")
+	pool := PoolTapName(testOwner, "pool-0")
 	if err := m.RemoveTap(context.Background(), pool); err != nil {
 		t.Errorf("removing a missing pool tap: %v", err)
 	}
-	for _, foreign := range []string{"eth0", "swb3", "docker0", "swt3-xyz", "swp-xyz", "swp-0a1b2c3d4", "swp0a1b2c3d", "swp-0A1B2C3D"} {
+	// An older daemon's pool tap name (no owner), named by its VM's record.
+	if err := m.RemoveTap(context.Background(), "swp-0a1b2c3d"); err != nil {
+		t.Errorf("removing a legacy pool tap: %v", err)
+	}
+	for _, foreign := range []string{"eth0", "swb3", "docker0", "swt3-xyz", "swp-xyz", "swp-0a1b2c3d4", "swp0a1b2c3d", "swp-0A1B2C3D", "swp0a1b-c3d4e5", "swp0A1B-c3d4e5f", "swp0a1b2-c3d4e5"} {
 		if err := m.RemoveTap(context.Background(), foreign); err == nil {
 			t.Errorf("RemoveTap(%q) accepted a name that is not a socialweb tap", foreign)
 		}
 	}
-	sameCalls(t, r.calls, []string{"ip link del dev " + name, "ip link del dev " + pool})
+	sameCalls(t, r.calls, []string{"ip link del dev " + name, "ip link del dev " + pool, "ip link del dev swp-0a1b2c3d"})
 	r = newRecorder(rule{prefix: "ip link del", err: failed("RTNETLINK answers: Operation not permitted")})
 	if err := NewManager(r, nil).RemoveTap(context.Background(), name); err == nil || !strings.Contains(err.Error(), "run as root") {
 		t.Errorf("RemoveTap as non-root: %v", err)
@@ -242,7 +246,7 @@ func TestRemoveTap(t *testing.T) {
 }
 
 func TestAddPoolTapCommands(t *testing.T) {
-	name := PoolTapName("pool-0")
+	name := PoolTapName(testOwner, "pool-0")
 	for _, tc := range []struct {
 		name    string
 		rules   []rule
@@ -263,7 +267,7 @@ func TestAddPoolTapCommands(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRecorder(tc.rules...)
-			tap, err := NewManager(r, nil).AddPoolTap(context.Background(), "pool-0")
+			tap, err := NewManager(r, nil).AddPoolTap(context.Background(), testOwner, "pool-0")
 			switch {
 			case tc.wantErr == "" && err != nil:
 				t.Fatalf("AddPoolTap: %v", err)
@@ -277,13 +281,20 @@ func TestAddPoolTapCommands(t *testing.T) {
 			}
 		})
 	}
-	if _, err := NewManager(newRecorder(), nil).AddPoolTap(context.Background(), ""); err == nil {
+	if _, err := NewManager(newRecorder(), nil).AddPoolTap(context.Background(), testOwner, ""); err == nil {
 		t.Error("AddPoolTap accepted an empty VM name")
+	}
+	for _, owner := range []string{"", "0a1", "0a1b2", "0A1B", "0a1-"} {
+		r := newRecorder()
+		if _, err := NewManager(r, nil).AddPoolTap(context.Background(), owner, "pool-0"); err == nil || !strings.Contains(err.Error(), "PoolTapOwner") {
+			t.Errorf("AddPoolTap with owner %q: %v, want an error naming PoolTapOwner", owner, err)
+		}
+		sameCalls(t, r.calls, nil)
 	}
 }
 
 func TestClaimTapCommands(t *testing.T) {
-	pool, name := PoolTapName("pool-0"), TapName(3, "c1", "node-a")
+	pool, name := PoolTapName(testOwner, "pool-0"), TapName(3, "c1", "node-a")
 	rename := "ip link set dev " + pool + " name " + name
 	attach := "ip link set dev " + name + " master swb3"
 	up := "ip link set dev " + name + " up"
@@ -339,22 +350,39 @@ func TestClaimTapCommands(t *testing.T) {
 }
 
 func TestPoolTaps(t *testing.T) {
-	links := sampleLinks + `13: swp-0a1b2c3d: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN mode DEFAULT group default qlen 1000\    link/ether 1a:2b:3c:4d:5e:63 brd ff:ff:ff:ff:ff:ff
-14: swp-deadbeef: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN mode DEFAULT group default qlen 1000\    link/ether 1a:2b:3c:4d:5e:64 brd ff:ff:ff:ff:ff:ff
+	other := PoolTapOwner("/var/lib/another-daemon")
+	links := sampleLinks + `13: ` + PoolTapName(testOwner, "pool-a") + `: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN mode DEFAULT group default qlen 1000\    link/ether 1a:2b:3c:4d:5e:63 brd ff:ff:ff:ff:ff:ff
+14: ` + PoolTapName(testOwner, "pool-b") + `: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN mode DEFAULT group default qlen 1000\    link/ether 1a:2b:3c:4d:5e:64 brd ff:ff:ff:ff:ff:ff
 15: swp-other: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN mode DEFAULT group default qlen 1000\    link/ether 1a:2b:3c:4d:5e:65 brd ff:ff:ff:ff:ff:ff
+16: ` + PoolTapName(other, "pool-c") + `: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN mode DEFAULT group default qlen 1000\    link/ether 1a:2b:3c:4d:5e:66 brd ff:ff:ff:ff:ff:ff
+17: swp-deadbeef: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN mode DEFAULT group default qlen 1000\    link/ether 1a:2b:3c:4d:5e:67 brd ff:ff:ff:ff:ff:ff
 `
-	r := newRecorder(rule{prefix: "ip -o link show", out: links})
-	got, err := NewManager(r, nil).PoolTaps(context.Background())
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		owner string
+		want  []string
+	}{
+		// Only the owner's: another daemon's, and an older daemon's without an owner, are
+		// not this one's to remove.
+		{testOwner, []string{PoolTapName(testOwner, "pool-a"), PoolTapName(testOwner, "pool-b")}},
+		{other, []string{PoolTapName(other, "pool-c")}},
+		{PoolTapOwner("/nowhere"), nil},
+	} {
+		r := newRecorder(rule{prefix: "ip -o link show", out: links})
+		got, err := NewManager(r, nil).PoolTaps(context.Background(), tc.owner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("PoolTaps(%s) = %q, want %q", tc.owner, got, tc.want)
+		}
+		sameCalls(t, r.calls, []string{"ip -o link show"})
 	}
-	if want := []string{"swp-0a1b2c3d", "swp-deadbeef"}; !slices.Equal(got, want) {
-		t.Errorf("PoolTaps = %q, want %q", got, want)
-	}
-	sameCalls(t, r.calls, []string{"ip -o link show"})
-	r = newRecorder(rule{prefix: "ip -o link show", err: &exec.Error{Name: "ip", Err: exec.ErrNotFound}})
-	if _, err := NewManager(r, nil).PoolTaps(context.Background()); err == nil || !strings.Contains(err.Error(), "iproute2") {
+	r := newRecorder(rule{prefix: "ip -o link show", err: &exec.Error{Name: "ip", Err: exec.ErrNotFound}})
+	if _, err := NewManager(r, nil).PoolTaps(context.Background(), testOwner); err == nil || !strings.Contains(err.Error(), "iproute2") {
 		t.Errorf("PoolTaps without ip: %v", err)
+	}
+	if _, err := NewManager(newRecorder(), nil).PoolTaps(context.Background(), "swp"); err == nil {
+		t.Error("PoolTaps accepted an owner that PoolTapOwner never returns")
 	}
 }
 

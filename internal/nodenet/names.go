@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"path/filepath"
 	"regexp"
 	"strconv"
 )
@@ -15,9 +16,9 @@ const IFNameMax = 15
 // Names of everything socialweb creates on the host. The prefixes are what
 // List and orphan cleanup recognise, so nothing else may use them.
 const (
-	bridgePrefix  = "swb"  // swb<index>
-	tapPrefix     = "swt"  // swt<index>-<8 hex>
-	poolTapPrefix = "swp-" // swp-<8 hex>: a warm-pool VM's tap, on no bridge until claimed
+	bridgePrefix  = "swb" // swb<index>
+	tapPrefix     = "swt" // swt<index>-<8 hex>
+	poolTapPrefix = "swp" // swp<5 hex owner>-<6 hex>: a warm-pool VM's tap, on no bridge until claimed
 	tablePrefix   = "socialweb-"
 	tableFamily   = "inet"
 )
@@ -25,8 +26,12 @@ const (
 var (
 	bridgeRe  = regexp.MustCompile(`^swb([0-9]{1,3})$`)
 	tapRe     = regexp.MustCompile(`^swt([0-9]{1,3})-[0-9a-f]{8}$`)
-	poolTapRe = regexp.MustCompile(`^swp-[0-9a-f]{8}$`)
-	tableRe   = regexp.MustCompile(`^socialweb-([0-9]{1,3})$`)
+	poolTapRe = regexp.MustCompile(`^swp([0-9a-f]{4})-[0-9a-f]{7}$`)
+	// legacyPoolTapRe is the pool tap name before it carried its owner (swp-<8 hex>):
+	// RemoveTap still takes it, for the records of VMs booted by an older daemon.
+	legacyPoolTapRe = regexp.MustCompile(`^swp-[0-9a-f]{8}$`)
+	poolTapOwnerRe  = regexp.MustCompile(`^[0-9a-f]{4}$`)
+	tableRe         = regexp.MustCompile(`^socialweb-([0-9]{1,3})$`)
 )
 
 // BridgeName is the cluster bridge of a network index: swb<index>.
@@ -52,12 +57,26 @@ func NodeMAC(cluster, node string) net.HardwareAddr {
 	return mac
 }
 
-// PoolTapName is the tap of a warm-pool VM: swp-<first 8 hex digits of sha256(vm)>,
-// 12 characters. It names no cluster: the VM belongs to none until ClaimTap renames
-// the tap to its node's TapName.
-func PoolTapName(vm string) string {
+// PoolTapOwner is the owner part of a daemon's pool tap names: the first 4 hex digits of
+// sha256 of its state directory (absolute). Pool taps are on no bridge, so no network
+// index tells whose they are, and two daemons on one host (tests, a bench beside a
+// serving daemon) each clean up only their own: a daemon that removed every pool tap on
+// the host at start took the network from under another's waiting pool VMs (and their
+// qemu then spun on the dead tap at 100% of a core).
+func PoolTapOwner(stateDir string) string {
+	if abs, err := filepath.Abs(stateDir); err == nil {
+		stateDir = abs
+	}
+	sum := sha256.Sum256([]byte(filepath.Clean(stateDir)))
+	return fmt.Sprintf("%x", sum[:2])
+}
+
+// PoolTapName is the tap of a warm-pool VM of owner (PoolTapOwner):
+// swp<owner>-<first 7 hex digits of sha256(vm)>, 15 characters. It names no cluster:
+// the VM belongs to none until ClaimTap renames the tap to its node's TapName.
+func PoolTapName(owner, vm string) string {
 	sum := sha256.Sum256([]byte(vm))
-	return fmt.Sprintf("%s%x", poolTapPrefix, sum[:4])
+	return fmt.Sprintf("%s%s-%x", poolTapPrefix, owner, sum[:4])[:IFNameMax]
 }
 
 // PoolMAC is the guest NIC's MAC for a warm-pool VM: locally administered, unicast,

@@ -263,13 +263,13 @@ func (f *fakeNetworks) RemoveTap(ctx context.Context, name string) error {
 	return nil
 }
 
-func (f *fakeNetworks) AddPoolTap(ctx context.Context, vm string) (nodenet.Tap, error) {
+func (f *fakeNetworks) AddPoolTap(ctx context.Context, owner, vm string) (nodenet.Tap, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.failAdd != nil {
 		return nodenet.Tap{}, f.failAdd
 	}
-	t := nodenet.Tap{Name: nodenet.PoolTapName(vm), MAC: nodenet.PoolMAC(vm)}
+	t := nodenet.Tap{Name: nodenet.PoolTapName(owner, vm), MAC: nodenet.PoolMAC(vm)}
 	f.taps[t.Name] = vm
 	f.added++
 	return t, nil
@@ -291,12 +291,12 @@ func (f *fakeNetworks) ClaimTap(ctx context.Context, poolTap, cluster string, pl
 	return t, nil
 }
 
-func (f *fakeNetworks) PoolTaps(ctx context.Context) ([]string, error) {
+func (f *fakeNetworks) PoolTaps(ctx context.Context, owner string) ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []string
 	for t := range f.taps {
-		if strings.HasPrefix(t, "swp-") {
+		if strings.HasPrefix(t, "swp"+owner+"-") {
 			out = append(out, t)
 		}
 	}

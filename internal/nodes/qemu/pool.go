@@ -377,10 +377,19 @@ func (p *Provider) bootPoolVM(ctx context.Context) error {
 	}
 	s := p.pool.shape
 	req := nodes.NodeRequest{Name: name, CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, DiskMiB: s.DiskMiB}
+	tap := nodenet.PoolTapName(p.poolTapOwner(), name)
 	p.mu.Lock()
 	if err := p.admitLocked(req); err != nil {
 		p.mu.Unlock()
 		return err
+	}
+	// Tap names carry 28 bits of the VM's name: two live pool VMs sharing one would
+	// have the second's failed boot remove the first's tap.
+	for other, in := range p.insts {
+		if in.rec.Tap == tap || in.rec.PoolTap == tap {
+			p.mu.Unlock()
+			return fmt.Errorf("warm-pool VM %s: its tap name %s is VM %s's; the next refill picks another name", name, tap, other)
+		}
 	}
 	dir, err := p.makeDir(name)
 	if err != nil {
@@ -388,7 +397,7 @@ func (p *Provider) bootPoolVM(ctx context.Context) error {
 		return err
 	}
 	rec := p.newRecord(req)
-	rec.Tap = nodenet.PoolTapName(name)
+	rec.Tap = tap
 	rec.MAC = nodenet.PoolMAC(name).String()
 	rec.Pool = true
 	inst := &instance{dir: dir, creating: true, rec: rec}
@@ -409,7 +418,9 @@ func (p *Provider) bootPoolVM(ctx context.Context) error {
 	if err := identity.EncodePool(&disk, identity.Pool{Prewarm: p.cfg.PoolPrewarm}); err != nil {
 		return fmt.Errorf("warm-pool VM %s: identity disk: %w", name, err)
 	}
-	addTap := func(ctx context.Context) (nodenet.Tap, error) { return p.deps.Networks.AddPoolTap(ctx, name) }
+	addTap := func(ctx context.Context) (nodenet.Tap, error) {
+		return p.deps.Networks.AddPoolTap(ctx, p.poolTapOwner(), name)
+	}
 	b, err := p.boot(ctx, inst, disk.Bytes(), addTap, &tapAdded)
 	if err != nil {
 		return err
@@ -759,12 +770,17 @@ func (p *Provider) stopPoolVM(inst *instance) error {
 	return p.stopVirtiofsd(inst)
 }
 
-// removePoolTaps removes every pool tap on the host (Recover: no pool VM runs then).
+// poolTapOwner is the owner part of this provider's pool tap names: the state directory
+// tells them from another daemon's on the same host.
+func (p *Provider) poolTapOwner() string { return nodenet.PoolTapOwner(p.cfg.StateDir) }
+
+// removePoolTaps removes this provider's pool taps on the host (Recover: none of its pool
+// VMs runs then); other daemons' are theirs.
 func (p *Provider) removePoolTaps(ctx context.Context) ([]string, error) {
 	if p.deps.Networks == nil {
 		return nil, nil
 	}
-	taps, err := p.deps.Networks.PoolTaps(ctx)
+	taps, err := p.deps.Networks.PoolTaps(ctx, p.poolTapOwner())
 	if err != nil {
 		return nil, fmt.Errorf("listing leftover warm-pool taps: %w", err)
 	}

@@ -170,7 +170,7 @@ func TestPoolClaim(t *testing.T) {
 	poolDir := pool.Dir
 	idFile := filepath.Join(poolDir, fileIdentity)
 	ino, dirIno := inode(t, idFile), inode(t, poolDir)
-	if pool.Tap != nodenet.PoolTapName(vm) || pool.MAC != nodenet.PoolMAC(vm).String() {
+	if pool.Tap != nodenet.PoolTapName(nodenet.PoolTapOwner(e.cfg.StateDir), vm) || pool.MAC != nodenet.PoolMAC(vm).String() {
 		t.Errorf("pool VM tap %s MAC %s, want nodenet's pool names", pool.Tap, pool.MAC)
 	}
 
@@ -247,7 +247,7 @@ func TestPoolClaim(t *testing.T) {
 		t.Errorf("the claim did not bring the NIC's link up, by the console:\n%s", b)
 	}
 	wantTap := nodenet.TapName(5, "a", "a-warm")
-	if info.Tap != wantTap || !slices.Equal(e.net.claimLog, []string{nodenet.PoolTapName(vm) + " -> " + wantTap}) {
+	if info.Tap != wantTap || !slices.Equal(e.net.claimLog, []string{nodenet.PoolTapName(nodenet.PoolTapOwner(e.cfg.StateDir), vm) + " -> " + wantTap}) {
 		t.Errorf("tap %s, claims %v; want %s claimed from the pool tap", info.Tap, e.net.claimLog, wantTap)
 	}
 	rec, err := readRecord(info.Dir)
@@ -365,7 +365,7 @@ func TestPoolClaimFailure(t *testing.T) {
 		t.Errorf("node after a failed claim: %+v; want a cold boot", info)
 	}
 	waitFor(t, 5*time.Second, "the pool VM's qemu to end", func() bool { return !runningPID(pool.PID) })
-	if slices.Contains(e.net.tapNames(), nodenet.PoolTapName(vm)) {
+	if slices.Contains(e.net.tapNames(), nodenet.PoolTapName(nodenet.PoolTapOwner(e.cfg.StateDir), vm)) {
 		t.Errorf("the failed pool VM's tap is left: %v", e.net.tapNames())
 	}
 	if _, err := os.Stat(pool.Dir); !errors.Is(err, os.ErrNotExist) {
@@ -452,8 +452,13 @@ func TestPoolRecover(t *testing.T) {
 	if err := os.Rename(filepath.Join(e.cfg.StateDir, half), filepath.Join(e.cfg.StateDir, "a-halfway")); err != nil {
 		t.Fatal(err)
 	}
+	owner := nodenet.PoolTapOwner(e.cfg.StateDir)
+	stray := nodenet.PoolTapName(owner, "pool-gone")
+	// Another daemon's waiting pool VM: its tap is not this provider's to remove.
+	foreign := nodenet.PoolTapName(nodenet.PoolTapOwner(e.cfg.StateDir+"-other"), "pool-other")
 	e.net.mu.Lock()
-	e.net.taps["swp-0badf00d"] = "nobody" // a pool tap of no VM
+	e.net.taps[stray] = "nobody" // a pool tap of no VM
+	e.net.taps[foreign] = "pool-other"
 	e.net.mu.Unlock()
 
 	p2, err := New(e.cfg, e.deps)
@@ -467,8 +472,11 @@ func TestPoolRecover(t *testing.T) {
 	}
 	t.Logf("recover: %+v", res)
 	if len(res.Pool) != 3 || !slices.Contains(res.Pool, half) || !slices.Equal(res.Adopted, []string{"a-kept"}) ||
-		!slices.Equal(res.PoolTaps, []string{"swp-0badf00d"}) || len(res.Removed)+len(res.Killed) != 0 {
-		t.Errorf("Recover = %+v; want 3 pool VMs destroyed (%s halfway), a-kept adopted, the stray pool tap removed", res, half)
+		!slices.Equal(res.PoolTaps, []string{stray}) || len(res.Removed)+len(res.Killed) != 0 {
+		t.Errorf("Recover = %+v; want 3 pool VMs destroyed (%s halfway), a-kept adopted, the stray pool tap %s removed", res, half, stray)
+	}
+	if !slices.Contains(e.net.tapNames(), foreign) {
+		t.Errorf("Recover removed %s, another daemon's pool tap", foreign)
 	}
 	for _, pid := range poolPIDs {
 		waitFor(t, 5*time.Second, fmt.Sprintf("pool qemu %d to end", pid), func() bool { return !runningPID(pid) })

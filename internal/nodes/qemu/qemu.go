@@ -153,13 +153,15 @@ type Networks interface {
 	AddTap(ctx context.Context, cluster string, plan nodenet.Plan, node string) (nodenet.Tap, error)
 	// RemoveTap removes a node's tap or a pool tap; a missing one is not an error.
 	RemoveTap(ctx context.Context, name string) error
-	// AddPoolTap makes a warm-pool VM's tap (nodenet.PoolTapName), down and on no bridge.
-	AddPoolTap(ctx context.Context, vm string) (nodenet.Tap, error)
+	// AddPoolTap makes a warm-pool VM's tap (nodenet.PoolTapName of owner and vm), down
+	// and on no bridge.
+	AddPoolTap(ctx context.Context, owner, vm string) (nodenet.Tap, error)
 	// ClaimTap renames a pool tap to node's tap of cluster (nodenet.TapName), attaches it
 	// to the cluster's bridge and sets it up. The VM keeps its pool MAC.
 	ClaimTap(ctx context.Context, poolTap, cluster string, plan nodenet.Plan, node string) (nodenet.Tap, error)
-	// PoolTaps lists the host's pool taps (swp-...), claimed or not by a running VM.
-	PoolTaps(ctx context.Context) ([]string, error)
+	// PoolTaps lists owner's pool taps on the host (swp<owner>-...), claimed or not by a
+	// running VM; never another owner's.
+	PoolTaps(ctx context.Context, owner string) ([]string, error)
 }
 
 // Joiner makes a node's identity. The daemon implements it: it mints the bootstrap token

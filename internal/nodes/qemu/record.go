@@ -65,7 +65,7 @@ type record struct {
 	// has not finished. Recover destroys every such VM: an unclaimed one is cheap to boot
 	// again, and a half-claimed one may hold a tap of either name.
 	Pool bool `json:"pool,omitempty"`
-	// PoolTap is the pool tap (swp-...) a VM being claimed had before ClaimTap renamed it
+	// PoolTap is the pool tap (swp<owner>-...) a VM being claimed had before ClaimTap renamed it
 	// to Tap; "" once the claim is done.
 	PoolTap string `json:"poolTap,omitempty"`
 	// Claimed is when a pool VM was handed to its cluster; nil for a node booted for it.
