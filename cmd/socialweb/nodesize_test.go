@@ -91,6 +91,7 @@ func TestWarmPoolFlags(t *testing.T) {
 	tests := []struct{ flag, def, env, set string }{
 		{"warm-pool", "0", "SOCIALWEB_WARM_POOL", "2"},
 		{"warm-pool-prewarm", "true", "SOCIALWEB_WARM_POOL_PREWARM", "false"},
+		{"warm-pool-refill-delay", "30s", "SOCIALWEB_WARM_POOL_REFILL_DELAY", "5m0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.flag, func(t *testing.T) {

@@ -82,7 +82,9 @@ type Options struct {
 	// runs (runc, its shim, the CNI plugins), so a claimed node's first Pod does not pay
 	// for their first run under TCG.
 	WarmPoolPrewarm bool
-	MetricsAddress  string
+	// WarmPoolRefillDelay is how long after a claim the pool boots the replacement.
+	WarmPoolRefillDelay time.Duration
+	MetricsAddress      string
 	// FrontDoor is host:port of the one listener every tenant is reached
 	// through, by SNI; empty leaves each tenant on its own loopback port only.
 	FrontDoor string
@@ -118,11 +120,21 @@ func validateSizeDefaults(d provider.Defaults) error {
 	return errors.Join(errs...)
 }
 
-// validateWarmPool checks --warm-pool: its size, and that its VMs (the default node size)
+// MaxWarmPoolRefillDelay bounds --warm-pool-refill-delay: a longer one leaves the pool
+// empty for longer than a pool is worth.
+const MaxWarmPoolRefillDelay = time.Hour
+
+// DefaultWarmPoolRefillDelay is --warm-pool-refill-delay's default.
+const DefaultWarmPoolRefillDelay = qemu.DefaultPoolRefillDelay
+
+// validateWarmPool checks --warm-pool and --warm-pool-refill-delay: its size, and that its VMs (the default node size)
 // fit this host.
 func validateWarmPool(o Options) error {
 	if err := qemu.ValidatePoolSize(o.WarmPool); err != nil {
 		return fmt.Errorf("--warm-pool %d: want 0 (no pool) to %d pre-booted node VMs", o.WarmPool, qemu.MaxPoolSize)
+	}
+	if o.WarmPoolRefillDelay < 0 || o.WarmPoolRefillDelay > MaxWarmPoolRefillDelay {
+		return fmt.Errorf("--warm-pool-refill-delay %s: want 0 (boot a claimed VM's replacement at once) to %s", o.WarmPoolRefillDelay, MaxWarmPoolRefillDelay)
 	}
 	if o.WarmPool == 0 {
 		return nil
@@ -334,7 +346,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	nodeServices, err := nodeservice.Start(ctx,
 		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, TCGGuestASLR: v.TCGGuestASLR, BootTimeout: v.NodeBootTimeout,
 			SharedLayers: v.SharedLayers, Executable: v.Executable, WarmPool: v.WarmPool, WarmPoolShape: warmPoolShape(v.Defaults),
-			WarmPoolPrewarm: v.WarmPoolPrewarm},
+			WarmPoolPrewarm: v.WarmPoolPrewarm, WarmPoolRefillDelay: v.WarmPoolRefillDelay},
 		nodeservice.Deps{Networks: nets, Plan: plan, Status: provider.ScaleStatus{Client: dyn}, Metrics: reg, Log: log})
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
@@ -36,6 +37,12 @@ func TestValidateWarmPool(t *testing.T) {
 		{"a default size the host cannot run", func(o *Options) { o.WarmPool, o.Defaults.NodeMemory = 1, resource.MustParse("64Ti") },
 			"--warm-pool 1: its VMs have the default node size"},
 		{"off with that size", func(o *Options) { o.Defaults.NodeMemory = resource.MustParse("64Ti") }, ""},
+		{"refill at once", func(o *Options) { o.WarmPool, o.WarmPoolRefillDelay = 1, 0 }, ""},
+		{"refill after an hour", func(o *Options) { o.WarmPool, o.WarmPoolRefillDelay = 1, time.Hour }, ""},
+		{"negative refill delay", func(o *Options) { o.WarmPool, o.WarmPoolRefillDelay = 1, -time.Second },
+			"--warm-pool-refill-delay -1s: want 0 (boot a claimed VM's replacement at once) to 1h0m0s"},
+		{"refill delay too long", func(o *Options) { o.WarmPool, o.WarmPoolRefillDelay = 1, 2*time.Hour },
+			"--warm-pool-refill-delay 2h0m0s: want 0"},
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, tc := range tests {

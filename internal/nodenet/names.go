@@ -18,7 +18,7 @@ const IFNameMax = 15
 const (
 	bridgePrefix  = "swb" // swb<index>
 	tapPrefix     = "swt" // swt<index>-<8 hex>
-	poolTapPrefix = "swp" // swp<5 hex owner>-<6 hex>: a warm-pool VM's tap, on no bridge until claimed
+	poolTapPrefix = "swp" // swp<4 hex owner>-<7 hex>: a warm-pool VM's tap, on no bridge until claimed
 	tablePrefix   = "socialweb-"
 	tableFamily   = "inet"
 )

@@ -55,6 +55,9 @@ type Config struct {
 	WarmPoolShape qemu.PoolShape
 	// WarmPoolPrewarm: pool VMs run the programs of a Pod start while they wait.
 	WarmPoolPrewarm bool
+	// WarmPoolRefillDelay: how long after a claim the replacement pool VM boots
+	// (qemu.Config.PoolRefillDelay; 0 at once).
+	WarmPoolRefillDelay time.Duration
 }
 
 // LayersDir is the host layer store under a daemon's state dir.
@@ -98,7 +101,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 		layers = &layershare.Config{Dir: store.Dir(), Executable: cfg.Executable}
 	}
 	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(cfg.StateDir, "nodes"), ImageDir: cfg.NodeImage, Verdict: cfg.Verdict, TCGCacheMiB: cfg.TCGCacheMiB, TCGGuestASLR: cfg.TCGGuestASLR, Layers: layers,
-		PoolSize: cfg.WarmPool, PoolShape: cfg.WarmPoolShape, PoolPrewarm: cfg.WarmPoolPrewarm, PoolRefillDelay: qemu.DefaultPoolRefillDelay},
+		PoolSize: cfg.WarmPool, PoolShape: cfg.WarmPoolShape, PoolPrewarm: cfg.WarmPoolPrewarm, PoolRefillDelay: cfg.WarmPoolRefillDelay},
 		qemu.Deps{Networks: deps.Networks, Joiner: joiners, Plan: deps.Plan, Log: log.With("component", "qemu")})
 	if err != nil {
 		return nil, fmt.Errorf("starting the node provider: %w", err)
