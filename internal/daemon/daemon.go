@@ -127,8 +127,8 @@ const MaxWarmPoolRefillDelay = time.Hour
 // DefaultWarmPoolRefillDelay is --warm-pool-refill-delay's default.
 const DefaultWarmPoolRefillDelay = qemu.DefaultPoolRefillDelay
 
-// validateWarmPool checks --warm-pool and --warm-pool-refill-delay: its size, and that its VMs (the default node size)
-// fit this host.
+// validateWarmPool checks --warm-pool (its size, and that its VMs, of the default node
+// size, fit this host) and --warm-pool-refill-delay.
 func validateWarmPool(o Options) error {
 	if err := qemu.ValidatePoolSize(o.WarmPool); err != nil {
 		return fmt.Errorf("--warm-pool %d: want 0 (no pool) to %d pre-booted node VMs", o.WarmPool, qemu.MaxPoolSize)

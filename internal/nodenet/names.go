@@ -3,6 +3,7 @@ package nodenet
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -76,7 +77,7 @@ func PoolTapOwner(stateDir string) string {
 // the VM belongs to none until ClaimTap renames the tap to its node's TapName.
 func PoolTapName(owner, vm string) string {
 	sum := sha256.Sum256([]byte(vm))
-	return fmt.Sprintf("%s%s-%x", poolTapPrefix, owner, sum[:4])[:IFNameMax]
+	return poolTapPrefix + owner + "-" + hex.EncodeToString(sum[:4])[:7]
 }
 
 // PoolMAC is the guest NIC's MAC for a warm-pool VM: locally administered, unicast,
