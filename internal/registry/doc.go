@@ -8,7 +8,10 @@
 // tags/list, _catalog (both with n/last pagination) and DELETE of tags and manifests.
 // Errors are OCI error documents with the spec's codes. Manifest media types: OCI image
 // manifest and index, Docker schema2 manifest and manifest list. There is no
-// authentication: serve it only on loopback and the clusters' gateway addresses.
+// authentication. Nodes, which run tenant code, are served NodeHandler: GET and HEAD
+// only, no _catalog (DENIED otherwise), so no Pod can change what another tenant
+// pulls. Handler, with pushes, is for the host's own use; `socialweb image push`
+// writes the shared directory directly.
 //
 // # Names: one registry, a mirror of every registry
 //

@@ -23,6 +23,7 @@ const (
 	errTagInvalid          = "TAG_INVALID"
 	errRangeInvalid        = "RANGE_INVALID" // not in the spec's table; what distribution sends with 416
 	errPaginationInvalid   = "PAGINATION_NUMBER_INVALID"
+	errDenied              = "DENIED"
 )
 
 var errStatus = map[string]int{
@@ -40,6 +41,7 @@ var errStatus = map[string]int{
 	errTagInvalid:          http.StatusBadRequest,
 	errRangeInvalid:        http.StatusRequestedRangeNotSatisfiable,
 	errPaginationInvalid:   http.StatusBadRequest,
+	errDenied:              http.StatusForbidden,
 }
 
 // Error is a registry error with its OCI error code (MANIFEST_UNKNOWN, BLOB_UNKNOWN, ...).

@@ -54,15 +54,36 @@ func (s *Server) init() error {
 	return s.initErr
 }
 
-// Handler returns the registry's HTTP handler (everything under /v2/).
-func (s *Server) Handler() http.Handler {
+// Handler returns the registry's HTTP handler (everything under /v2/), pushes
+// included: for the host's own clients and tests, never for a node.
+func (s *Server) Handler() http.Handler { return s.handler(false) }
+
+// NodeHandler is what a cluster's nodes are served: pulls only. A node runs tenant
+// code (a privileged Pod can speak HTTP to it), and every tenant pulls from this
+// store, so a node that could write could replace the images other tenants run.
+// Every write, and _catalog (which names every tenant's images), is refused with
+// DENIED, and the refusal is logged at Warn with the caller's address.
+func (s *Server) NodeHandler() http.Handler { return s.handler(true) }
+
+func (s *Server) handler(pullOnly bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &recorder{ResponseWriter: w, status: http.StatusOK}
-		if err := s.init(); err != nil {
+		denied := ""
+		if pullOnly {
+			denied = refusedToNodes(r)
+		}
+		switch err := s.init(); {
+		case err != nil:
 			writeError(rec, err)
-		} else {
+		case denied != "":
+			fail(rec, errf(errDenied, "%s: nodes may only pull (GET and HEAD); images are added on the host with `socialweb image push`", denied))
+		default:
 			s.serve(rec, r)
+		}
+		if denied != "" {
+			s.log.Warn("registry refused a node's request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", denied)
+			return
 		}
 		attrs := []any{"method", r.Method, "path", r.URL.Path, "status", rec.status, "bytes", rec.bytes, "duration", time.Since(start).Round(time.Microsecond)}
 		if ns := r.URL.Query().Get("ns"); ns != "" {
@@ -269,6 +290,18 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	case "upload":
 		s.upload(w, r, name, rt, ns)
 	}
+}
+
+// refusedToNodes says why a node may not make request r, or "" if it may: only GET
+// and HEAD, and not the catalog.
+func refusedToNodes(r *http.Request) string {
+	if !isRead(r.Method) {
+		return r.Method + " is a write"
+	}
+	if rt, ok := parseRoute(r.Method, r.URL.Path); ok && rt.kind == "catalog" {
+		return "the catalog lists every tenant's images"
+	}
+	return ""
 }
 
 func isRead(m string) bool { return m == http.MethodGet || m == http.MethodHead }
