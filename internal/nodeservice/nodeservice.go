@@ -259,27 +259,78 @@ func (h *Host) Machine(ctx context.Context, cluster, node string) (ccm.Machine, 
 	return ccm.Machine{}, false, nil
 }
 
-// clusterScoped shows a driver only its own cluster's machines: the
-// provider serves every cluster on the host.
+// clusterScoped is one cluster's view of the provider, which serves every
+// cluster on the host: it lists, creates, deletes and diagnoses only that
+// cluster's machines. Machine names come from the tenant (its Node objects,
+// which its admin may write), so a name alone must never reach another
+// tenant's VM or console.
 type clusterScoped struct {
 	nodes.NodeProvider
 	cluster string
 }
 
-// Diagnose forwards to the provider if it can diagnose machines.
-func (c clusterScoped) Diagnose(name string) string {
-	if d, ok := c.NodeProvider.(nodes.Diagnoser); ok {
-		return d.Diagnose(name)
+// owns reports whether name is one of this cluster's machines.
+func (c clusterScoped) owns(ctx context.Context, name string) (bool, error) {
+	mine, err := c.List(ctx)
+	if err != nil {
+		return false, err
 	}
-	return ""
+	for _, in := range mine {
+		if in.Name == name {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
-// EarlyBootStall forwards to the provider if it watches early boots.
-func (c clusterScoped) EarlyBootStall(name string) string {
-	if w, ok := c.NodeProvider.(nodes.EarlyBootWatcher); ok {
-		return w.EarlyBootStall(name)
+// Create boots a machine only for this cluster.
+func (c clusterScoped) Create(ctx context.Context, req nodes.NodeRequest) (nodes.Instance, error) {
+	if req.Cluster != c.cluster {
+		return nodes.Instance{}, fmt.Errorf("node request for cluster %q through cluster %q's provider", req.Cluster, c.cluster)
 	}
-	return ""
+	return c.NodeProvider.Create(ctx, req)
+}
+
+// Delete destroys name only if it is this cluster's: another cluster's machine
+// of that name is, to this cluster, not found (so its Node object goes, not the VM).
+func (c clusterScoped) Delete(ctx context.Context, name string) error {
+	ok, err := c.owns(ctx, name)
+	if err != nil {
+		return fmt.Errorf("finding machine %s of cluster %s: %w", name, c.cluster, err)
+	}
+	if !ok {
+		return nodes.NewNotFound(name)
+	}
+	return c.NodeProvider.Delete(ctx, name)
+}
+
+// Diagnose forwards to the provider if it can diagnose machines, for this
+// cluster's machines only (the console of another tenant's VM is its secret).
+func (c clusterScoped) Diagnose(name string) string {
+	d, ok := c.NodeProvider.(nodes.Diagnoser)
+	if !ok || !c.ownsNow(name) {
+		return ""
+	}
+	return d.Diagnose(name)
+}
+
+// EarlyBootStall forwards to the provider if it watches early boots, for this
+// cluster's machines only.
+func (c clusterScoped) EarlyBootStall(name string) string {
+	w, ok := c.NodeProvider.(nodes.EarlyBootWatcher)
+	if !ok || !c.ownsNow(name) {
+		return ""
+	}
+	return w.EarlyBootStall(name)
+}
+
+// ownsNow is owns for the optional sides, which take no context: a failed
+// list owns nothing.
+func (c clusterScoped) ownsNow(name string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ok, err := c.owns(ctx, name)
+	return err == nil && ok
 }
 
 // Accelerator forwards to the provider if it reports one ("" otherwise: nothing to show).

@@ -2,6 +2,7 @@ package nodeservice
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -90,7 +91,11 @@ func (watchingProvider) Accelerator() (string, string)     { return "tcg", "no K
 // The driver sees a provider's optional sides through the per-cluster view: a wrapper
 // that hid them once kept the NodeAccelerator condition and EarlyBootStall from working.
 func TestClusterScopedForwardsOptionalSides(t *testing.T) {
-	var p nodes.NodeProvider = clusterScoped{watchingProvider{fake.New()}, "a"}
+	fp := fake.New()
+	if _, err := fp.Create(context.Background(), nodes.NodeRequest{Cluster: "a", Name: "a-1", CPUs: 1, MemoryMiB: 512, MaxPods: 110}); err != nil {
+		t.Fatal(err)
+	}
+	var p nodes.NodeProvider = clusterScoped{watchingProvider{fp}, "a"}
 	w, ok := p.(nodes.EarlyBootWatcher)
 	if !ok || w.EarlyBootStall("a-1") != "stuck: a-1" {
 		t.Errorf("EarlyBootStall not forwarded")
@@ -102,5 +107,71 @@ func TestClusterScopedForwardsOptionalSides(t *testing.T) {
 	var plain nodes.NodeProvider = clusterScoped{fake.New(), "a"}
 	if a, _ := plain.(nodes.AcceleratorReporter).Accelerator(); a != "" {
 		t.Errorf("a provider without an accelerator reports %q", a)
+	}
+}
+
+// A tenant names machines through its Node objects, which its admin may write:
+// a name of another cluster's machine must reach nothing of it.
+func TestClusterScopedReachesOnlyItsOwnMachines(t *testing.T) {
+	ctx := context.Background()
+	fp := fake.New()
+	for _, r := range []nodes.NodeRequest{
+		{Cluster: "a", Name: "a-1", CPUs: 1, MemoryMiB: 512, MaxPods: 110},
+		{Cluster: "b", Name: "b-1", CPUs: 1, MemoryMiB: 512, MaxPods: 110},
+	} {
+		if _, err := fp.Create(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := clusterScoped{watchingProvider{fp}, "a"}
+	for _, tc := range []struct {
+		name     string
+		call     func() error
+		wantErr  string // "" succeeds
+		notFound bool
+	}{
+		{"delete another cluster's machine", func() error { return a.Delete(ctx, "b-1") }, "not found", true},
+		{"delete a machine nobody has", func() error { return a.Delete(ctx, "c-9") }, "not found", true},
+		{"create for another cluster", func() error {
+			_, err := a.Create(ctx, nodes.NodeRequest{Cluster: "b", Name: "b-2", CPUs: 1, MemoryMiB: 512, MaxPods: 110})
+			return err
+		}, `for cluster "b" through cluster "a"`, false},
+		{"diagnose another cluster's machine", func() error {
+			if got := a.Diagnose("b-1"); got != "" {
+				return fmt.Errorf("Diagnose(b-1) = %q", got)
+			}
+			return nil
+		}, "", false},
+		{"early boot of another cluster's machine", func() error {
+			if got := a.EarlyBootStall("b-1"); got != "" {
+				return fmt.Errorf("EarlyBootStall(b-1) = %q", got)
+			}
+			return nil
+		}, "", false},
+		{"delete its own machine", func() error { return a.Delete(ctx, "a-1") }, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("err = %v, want none", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("err = %v, want one saying %q", err, tc.wantErr)
+			case tc.notFound && !nodes.IsNotFound(err):
+				t.Fatalf("err = %v, want IsNotFound (the driver then treats it as gone)", err)
+			}
+		})
+	}
+	left := map[string]bool{}
+	for _, in := range fp.Instances() {
+		left[in.Name] = true
+	}
+	if !left["b-1"] || left["a-1"] || left["b-2"] {
+		t.Errorf("machines left %v, want b-1 only (a-1 deleted by its own cluster, b-2 never made)", left)
+	}
+	for _, c := range fp.Calls() {
+		if c.Op == fake.OpDelete && c.Name != "a-1" {
+			t.Errorf("the provider was asked to delete %s", c.Name)
+		}
 	}
 }
