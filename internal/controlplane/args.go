@@ -86,8 +86,10 @@ func controllerManagerArgs(c Config) []string {
 		"--secure-port=0",
 		"--leader-elect=false",
 		// bootstrapsigner and tokencleaner are off by default; nodes join
-		// with bootstrap tokens, so they are needed.
-		"--controllers=*,bootstrapsigner,tokencleaner",
+		// with bootstrap tokens, so they are needed. The upstream CSR approver
+		// approves a token's node-client CSR for any node name; join's
+		// approver, run beside this (Run), approves only the minted one.
+		"--controllers=*,bootstrapsigner,tokencleaner,-" + csrApprovingController,
 		"--cluster-signing-cert-file=" + p.ClientCA,
 		"--cluster-signing-key-file=" + p.ClientCAKey,
 		"--root-ca-file=" + p.ServerCA,

@@ -12,10 +12,13 @@ import (
 	"time"
 
 	"github.com/k3s-io/kine/pkg/endpoint"
+	"github.com/socialweb-computer/socialweb/internal/join"
 	"github.com/socialweb-computer/socialweb/internal/pki"
 	"github.com/spf13/pflag"
 	genericapiserver "k8s.io/apiserver/pkg/server"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
 	cliflag "k8s.io/component-base/cli/flag"
 	basecompatibility "k8s.io/component-base/compatibility"
 	logsapi "k8s.io/component-base/logs/api/v1"
@@ -58,7 +61,7 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 		defer seed.close()
 	}
 
-	done := make(chan error, 3)
+	done := make(chan error, 4) // apiserver, controller-manager, node approver, scheduler
 	go func() { done <- wrap(APIServer, runAPIServer(ctx, c, log)) }()
 	if err := waitReady(ctx, c, done); err != nil {
 		return err
@@ -83,6 +86,10 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 	if c.Has(ControllerManager) {
 		running++
 		go func() { done <- wrap(ControllerManager, runControllerManager(ctx, c)) }()
+		if c.Tenant {
+			running++
+			go func() { done <- wrap(nodeApprover, runNodeApprover(ctx, c, log)) }()
+		}
 	}
 	if c.Has(Scheduler) {
 		running++
@@ -239,6 +246,33 @@ func runControllerManager(ctx context.Context, c Config) error {
 		return err
 	}
 	return cmapp.Run(ctx, cfg.Complete())
+}
+
+// csrApprovingController is kube-controller-manager's CSR approver, which
+// join.RunApprover replaces in a tenant (see there for why).
+const csrApprovingController = "certificatesigningrequest-approving-controller"
+
+// nodeApprover names join.RunApprover among the components in errors.
+const nodeApprover = "node certificate approver"
+
+// runNodeApprover runs join.RunApprover with the control plane's admin
+// credentials until ctx ends; an early return is an error.
+func runNodeApprover(ctx context.Context, c Config, log *slog.Logger) error {
+	restCfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig(pki.Admin))
+	if err != nil {
+		return err
+	}
+	kube, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	if err := join.RunApprover(ctx, kube, log.With("component", "node-approver")); err != nil {
+		return err
+	}
+	if ctx.Err() == nil {
+		return errors.New("returned early")
+	}
+	return nil
 }
 
 func runScheduler(ctx context.Context, c Config) error {

@@ -58,7 +58,7 @@ func (m Minter) Identity(ctx context.Context, req nodes.NodeRequest, addr net.IP
 	_, err := m.Tenant.CoreV1().Secrets(metav1.NamespaceSystem).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:   "bootstrap-token-" + id,
-			Labels: map[string]string{"socialweb.computer/node": req.Name},
+			Labels: map[string]string{NodeLabel: req.Name},
 		},
 		Type: corev1.SecretTypeBootstrapToken,
 		StringData: map[string]string{

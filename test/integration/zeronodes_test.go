@@ -21,8 +21,18 @@ import (
 	"k8s.io/client-go/rest"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/join"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 )
+
+func csrHas(c *certificatesv1.CertificateSigningRequest, typ certificatesv1.RequestConditionType) bool {
+	for _, cond := range c.Status.Conditions {
+		if cond.Type == typ {
+			return true
+		}
+	}
+	return false
+}
 
 // TestTenantAtZeroNodesCanAcceptNodes: a fresh tenant has no nodes, the
 // default namespaces, RBAC and `kubernetes` Service, and the controllers a
@@ -75,10 +85,11 @@ func TestTenantAtZeroNodesCanAcceptNodes(t *testing.T) {
 		t.Errorf("kubernetes Service ClusterIP %s, want 10.251.0.1 (first of %s)", svc.Spec.ClusterIP, c.Status.ServiceCIDR)
 	}
 
-	// Bootstrap token: the signer signs cluster-info with it.
+	// Bootstrap token: the signer signs cluster-info with it. Minted as the host
+	// mints a node's: labelled with the one node it is for.
 	tokenID, tokenSecret := "abcdef", "0123456789abcdef"
 	_, err = k.CoreV1().Secrets("kube-system").Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "bootstrap-token-" + tokenID},
+		ObjectMeta: metav1.ObjectMeta{Name: "bootstrap-token-" + tokenID, Labels: map[string]string{join.NodeLabel: "zero-probe"}},
 		Type:       corev1.SecretTypeBootstrapToken,
 		StringData: map[string]string{
 			"token-id": tokenID, "token-secret": tokenSecret,
@@ -95,29 +106,60 @@ func TestTenantAtZeroNodesCanAcceptNodes(t *testing.T) {
 		return err == nil && cm.Data["jws-kubeconfig-"+tokenID] != ""
 	})
 
-	// The token authenticates, and its node-client CSR is approved and signed.
+	// The token authenticates. Its node-client CSR for another node's name (what a
+	// Pod that read the identity disk would ask for) is denied; for its own node it
+	// is approved and signed.
 	bootCfg := rest.AnonymousClientConfig(cfg)
 	bootCfg.BearerToken = tokenID + "." + tokenSecret
 	boot := kubernetes.NewForConfigOrDie(bootCfg)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	csrDER, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
-		Subject: pkix.Name{CommonName: "system:node:zero-probe", Organization: []string{"system:nodes"}},
-	}, key)
-	csr, err := boot.CertificatesV1().CertificateSigningRequests().Create(ctx, &certificatesv1.CertificateSigningRequest{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "node-csr-"},
-		Spec: certificatesv1.CertificateSigningRequestSpec{
-			Request:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csrDER}),
-			SignerName: certificatesv1.KubeAPIServerClientKubeletSignerName,
-			Usages:     []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("creating a CSR with the bootstrap token: %v", err)
+	nodeCSR := func(node string) string {
+		t.Helper()
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		csrDER, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+			Subject: pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}},
+		}, key)
+		csr, err := boot.CertificatesV1().CertificateSigningRequests().Create(ctx, &certificatesv1.CertificateSigningRequest{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "node-csr-"},
+			Spec: certificatesv1.CertificateSigningRequestSpec{
+				Request:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csrDER}),
+				SignerName: certificatesv1.KubeAPIServerClientKubeletSignerName,
+				Usages:     []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth},
+			},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("creating a CSR for %s with the bootstrap token: %v", node, err)
+		}
+		return csr.Name
 	}
+	stolen := nodeCSR("someone-else")
+	var denied *certificatesv1.CertificateSigningRequest
+	livetest.Eventually(t, time.Minute, 250*time.Millisecond, "the CSR for another node's name to be denied", func() bool {
+		got, err := k.CertificatesV1().CertificateSigningRequests().Get(ctx, stolen, metav1.GetOptions{})
+		if err == nil && csrHas(got, certificatesv1.CertificateDenied) {
+			denied = got
+		}
+		return denied != nil
+	})
+	if csrHas(denied, certificatesv1.CertificateApproved) || len(denied.Status.Certificate) > 0 {
+		t.Errorf("the CSR for someone-else was approved or signed: %+v", denied.Status)
+	}
+	own := nodeCSR("zero-probe")
 	livetest.Eventually(t, time.Minute, 250*time.Millisecond, "the node CSR to be approved and signed", func() bool {
-		got, err := k.CertificatesV1().CertificateSigningRequests().Get(ctx, csr.Name, metav1.GetOptions{})
+		got, err := k.CertificatesV1().CertificateSigningRequests().Get(ctx, own, metav1.GetOptions{})
 		return err == nil && len(got.Status.Certificate) > 0
 	})
+
+	// Once its node registers, the token is gone: nothing after the join needs it.
+	if _, err := k.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "zero-probe"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	livetest.Eventually(t, time.Minute, 250*time.Millisecond, "the registered node's bootstrap token to be deleted", func() bool {
+		_, err := k.CoreV1().Secrets("kube-system").Get(ctx, "bootstrap-token-"+tokenID, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	if err := k.CoreV1().Nodes().Delete(ctx, "zero-probe", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	// The token cleaner removes an expired token.
 	_, err = k.CoreV1().Secrets("kube-system").Create(ctx, &corev1.Secret{
