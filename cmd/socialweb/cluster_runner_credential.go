@@ -66,6 +66,7 @@ invalidates every token minted for it.`,
 			}
 			// Fit the job requests to the cluster's nodes before anything is made in it.
 			var settings gitlab.Settings
+			jobs.PrivilegedJobs = grant.PrivilegedJobs
 			if !revoke {
 				settings, err = jobs.ForNode(c.Name, gitlab.NodeSize{
 					CPUs: int64(c.Spec.NodeCPUs), Memory: c.Spec.NodeMemory, MaxPods: int(c.Spec.PodsPerNode),
@@ -127,6 +128,7 @@ invalidates every token minted for it.`,
 	f.StringVar(&grant.Name, "name", grant.Name, "name of the runner's ServiceAccount, Role and RoleBinding")
 	f.DurationVar(&grant.TTL, "ttl", grant.TTL, fmt.Sprintf("how long the token is accepted (%s to %s)", gitlab.MinTTL, gitlab.MaxTTL))
 	f.StringVar(&out, "out", "", "write kubeconfig, ca.crt and config.template.toml into this directory instead of printing the kubeconfig")
+	f.BoolVar(&grant.PrivilegedJobs, "privileged-jobs", false, "let job Pods run privileged (docker-in-docker): the namespace enforces Pod Security \"privileged\" instead of \"baseline\"; root in a job is root in its node VM, not on the host")
 	f.BoolVar(&revoke, "revoke", false, "delete the ServiceAccount (every token minted for it stops working), Role and RoleBinding")
 
 	// The template's job settings (config.template.toml, with --out).

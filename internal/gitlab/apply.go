@@ -2,12 +2,14 @@ package gitlab
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 )
@@ -20,7 +22,16 @@ func Apply(ctx context.Context, kube kubernetes.Interface, g Grant) error {
 		return err
 	}
 	ns, sa, role, rb := g.Objects()
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		// A namespace made before (by hand, or by an older socialweb) gets the
+		// Pod Security level too: job Pods run tenant CI code.
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{
+			labelEnforce: g.PodSecurityLevel(), labelEnforceVersion: "latest",
+		}}})
+		if _, err := kube.CoreV1().Namespaces().Patch(ctx, g.Namespace, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("setting Pod Security %q on namespace %s: %w", g.PodSecurityLevel(), g.Namespace, err)
+		}
+	} else if err != nil {
 		return fmt.Errorf("creating namespace %s: %w", g.Namespace, err)
 	}
 	if err := waitForDefaultServiceAccount(ctx, kube, g.Namespace); err != nil {

@@ -112,6 +112,15 @@ func (c Credential) RunnerTemplate(caFile string, s Settings) ([]byte, error) {
 	w.comment(2, "Nodes pull from the host registry; if-not-present reuses an image a node already has\n"+
 		"instead of asking the registry again for every job.")
 	w.str(2, "pull_policy", "if-not-present")
+	if s.PrivilegedJobs {
+		w.comment(2, "Job containers run privileged (--privileged-jobs), e.g. for docker-in-docker. Root in the\n"+
+			"job is root in its node microVM: it may see the node's other Pods and credentials, but\n"+
+			"not the host or another cluster. The namespace enforces Pod Security \"privileged\".")
+		w.line(2, "privileged = true")
+	} else {
+		w.comment(2, "Job Pods are held to Pod Security \"baseline\" (no privileged containers, host namespaces\n"+
+			"or hostPath): --privileged-jobs allows docker-in-docker.")
+	}
 
 	w.comment(2, "Requests, not limits. The scheduler and socialweb's scale decision place a Pod by its\n"+
 		"requests, so these decide how many nodes boot and how jobs share them. A container with\n"+

@@ -348,3 +348,55 @@ func TestRunnerTemplate(t *testing.T) {
 		})
 	}
 }
+
+// Job Pods run tenant CI code: the namespace holds them to Pod Security baseline
+// unless privileged jobs were asked for, whether Apply makes the namespace or it
+// was there before.
+func TestApplySetsPodSecurity(t *testing.T) {
+	ctx := context.Background()
+	existing := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: DefaultNamespace, Labels: map[string]string{"team": "ci"}}}
+	for _, tc := range []struct {
+		name       string
+		objects    []runtime.Object
+		privileged bool
+		want       string
+	}{
+		{"new namespace", nil, false, "baseline"},
+		{"new namespace, privileged jobs", nil, true, "privileged"},
+		{"namespace made by hand", []runtime.Object{existing.DeepCopy(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: DefaultNamespace}}}, false, "baseline"},
+		{"namespace made by hand, privileged jobs", []runtime.Object{existing.DeepCopy(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: DefaultNamespace}}}, true, "privileged"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kube := newCluster(tc.objects...)
+			g := valid()
+			g.PrivilegedJobs = tc.privileged
+			if err := Apply(ctx, kube, g); err != nil {
+				t.Fatal(err)
+			}
+			ns, err := kube.CoreV1().Namespaces().Get(ctx, g.Namespace, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := ns.Labels["pod-security.kubernetes.io/enforce"]; got != tc.want || ns.Labels["pod-security.kubernetes.io/enforce-version"] != "latest" {
+				t.Errorf("namespace labels %v, want enforce=%s at version latest", ns.Labels, tc.want)
+			}
+			if len(tc.objects) > 0 && ns.Labels["team"] != "ci" {
+				t.Errorf("the namespace's own labels were dropped: %v", ns.Labels)
+			}
+		})
+	}
+}
+
+func TestRunnerTemplatePrivilegedJobs(t *testing.T) {
+	for _, privileged := range []bool{false, true} {
+		s := defaultSettings(t)
+		s.PrivilegedJobs = privileged
+		b, err := credential().RunnerTemplate("/ca.crt", s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(string(b), "\n    privileged = true\n"); got != privileged {
+			t.Errorf("privileged jobs %v: template says privileged = true: %v\n%s", privileged, got, b)
+		}
+	}
+}

@@ -52,6 +52,32 @@ type Grant struct {
 	Namespace string // where the runner's job Pods run
 	Name      string // the ServiceAccount, Role and RoleBinding
 	TTL       time.Duration
+	// PrivilegedJobs lets job Pods run privileged (docker-in-docker): the
+	// namespace enforces Pod Security "privileged" instead of "baseline".
+	PrivilegedJobs bool
+}
+
+// Pod Security admission labels on the job namespace.
+const (
+	labelEnforce        = "pod-security.kubernetes.io/enforce"
+	labelEnforceVersion = "pod-security.kubernetes.io/enforce-version"
+)
+
+// PodSecurityLevel is the Pod Security level job Pods are held to.
+func (g Grant) PodSecurityLevel() string {
+	if g.PrivilegedJobs {
+		return "privileged"
+	}
+	return "baseline"
+}
+
+// namespaceLabels are the labels Apply sets on the job namespace.
+func (g Grant) namespaceLabels() map[string]string {
+	return map[string]string{
+		labelManagedBy:      managedBy,
+		labelEnforce:        g.PodSecurityLevel(),
+		labelEnforceVersion: "latest",
+	}
 }
 
 // Validate says what is wrong with g and what would be right.
@@ -106,7 +132,7 @@ func Rules() []rbacv1.PolicyRule {
 func (g Grant) Objects() (*corev1.Namespace, *corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding) {
 	labels := map[string]string{labelManagedBy: managedBy}
 	meta := metav1.ObjectMeta{Name: g.Name, Namespace: g.Namespace, Labels: labels}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: g.Namespace, Labels: labels}}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: g.Namespace, Labels: g.namespaceLabels()}}
 	sa := &corev1.ServiceAccount{ObjectMeta: meta}
 	role := &rbacv1.Role{ObjectMeta: meta, Rules: Rules()}
 	rb := &rbacv1.RoleBinding{

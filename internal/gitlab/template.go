@@ -76,6 +76,9 @@ type JobOptions struct {
 	PollInterval              time.Duration
 	LogLimit                  string // output_limit as a quantity of bytes
 	HelperImage               string // "": the runner's own default helper image
+	// PrivilegedJobs runs job containers privileged (docker-in-docker); the
+	// namespace must allow it (Grant.PrivilegedJobs).
+	PrivilegedJobs bool
 }
 
 // DefaultJobOptions are what a CI admin gets without saying otherwise.

@@ -153,6 +153,28 @@ func TestRunnerCredential(t *testing.T) {
 	if err := runner.CoreV1().Pods("gitlab-runner").Delete(ctx, "job", metav1.DeleteOptions{}); err != nil {
 		t.Errorf("the runner cannot delete its job Pod: %v", err)
 	}
+	// Job Pods run tenant CI code: the namespace holds them to Pod Security
+	// "baseline", so a privileged one is refused until --privileged-jobs.
+	privileged := true
+	priv := pod.DeepCopy()
+	priv.Name = "job-privileged"
+	priv.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &privileged}
+	if _, err := runner.CoreV1().Pods("gitlab-runner").Create(ctx, priv, metav1.CreateOptions{}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "baseline") {
+		t.Errorf("the runner creating a privileged job Pod: %v, want 403 naming PodSecurity baseline", err)
+	}
+	d.mustCLI("cluster", "runner-credential", "ci", "--ttl", "1h", "--privileged-jobs")
+	if ns, err := admin.CoreV1().Namespaces().Get(ctx, "gitlab-runner", metav1.GetOptions{}); err != nil || ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+		t.Errorf("after --privileged-jobs the namespace is %v (%v), want enforce=privileged", ns.Labels, err)
+	}
+	if _, err := runner.CoreV1().Pods("gitlab-runner").Create(ctx, priv, metav1.CreateOptions{}); err != nil {
+		t.Errorf("with --privileged-jobs the runner cannot create a privileged job Pod: %v", err)
+	} else if err := runner.CoreV1().Pods("gitlab-runner").Delete(ctx, priv.Name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("deleting the privileged job Pod: %v", err)
+	}
+	d.mustCLI("cluster", "runner-credential", "ci", "--ttl", "1h")
+	if ns, err := admin.CoreV1().Namespaces().Get(ctx, "gitlab-runner", metav1.GetOptions{}); err != nil || ns.Labels["pod-security.kubernetes.io/enforce"] != "baseline" {
+		t.Errorf("minting again without --privileged-jobs left the namespace %v (%v), want enforce=baseline", ns.Labels, err)
+	}
 	if _, err := runner.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("runner creating a Pod in default: %v, want 403 Forbidden", err)
 	}
