@@ -137,6 +137,18 @@ func TestFourStepProof(t *testing.T) {
 		return len(qemusOf(d.stateDir)) == 1
 	})
 	tVM := time.Since(t0)
+	// The VM runs tenant code and TCG is no boundary: qemu is under its seccomp filter.
+	for _, pid := range qemusOf(d.stateDir) {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			t.Fatalf("qemu %d: %v", pid, err)
+		}
+		for _, want := range []string{"\nSeccomp:\t2\n", "\nNoNewPrivs:\t1\n"} {
+			if !strings.Contains(string(st), want) {
+				t.Errorf("step 4: qemu %d's status lacks %q (no -sandbox?):\n%s", pid, strings.TrimSpace(want), st)
+			}
+		}
+	}
 	// The Cluster says which accelerator its nodes use and why, and the VM runs under it.
 	var accelCond *metav1.Condition
 	livetest.Eventually(t, time.Minute, 250*time.Millisecond, "the NodeAccelerator condition", func() bool {

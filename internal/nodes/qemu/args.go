@@ -10,6 +10,11 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 )
 
+// Sandbox is qemu's -sandbox option for node VMs: qemu's seccomp filter with every
+// optional deny. qemu needs none of these once started (the tap is opened with
+// script=no, disks and sockets are opened at start).
+const Sandbox = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
 // launch is everything one qemu command line is made of.
 type launch struct {
 	Name         string
@@ -62,6 +67,10 @@ func (l launch) args() []string {
 		"-smp", strconv.FormatInt(l.CPUs, 10),
 		"-m", strconv.FormatInt(l.MemoryMiB, 10),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		// The guest is tenant code, and TCG is no security boundary (QEMU's security
+		// guide): a seccomp filter (and NoNewPrivs) so an escape into qemu cannot
+		// spawn programs, change its ids or its scheduling, or use obsolete calls.
+		"-sandbox", Sandbox,
 		"-serial", "file:"+l.Console,
 		"-qmp", "unix:"+l.QMP+",server=on,wait=off",
 		"-kernel", l.Kernel,

@@ -71,6 +71,9 @@ func TestArgs(t *testing.T) {
 			if got := argAfter(a, "-M"); !slices.Equal(got, []string{"microvm"}) {
 				t.Errorf("-M %v", got)
 			}
+			if got := argAfter(a, "-sandbox"); !slices.Equal(got, []string{"on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"}) {
+				t.Errorf("-sandbox %v, want qemu's seccomp filter with every deny", got)
+			}
 			for _, f := range []string{"-nographic", "-no-reboot", "-nodefaults", "-no-user-config"} {
 				if !slices.Contains(a, f) {
 					t.Errorf("missing %s", f)
