@@ -41,17 +41,20 @@ func CRD() *apiextensionsv1.CustomResourceDefinition {
 	spec := apiextensionsv1.JSONSchemaProps{
 		Type: "object",
 		Properties: map[string]apiextensionsv1.JSONSchemaProps{
-			"maxNodes":      intRange("cap on worker microVMs", 0, 1000),
-			"hold":          str("idle time before a node is removed, e.g. 1m"),
-			"nodeCPUs":      intRange("vCPUs of the smallest worker microVM", 1, 256),
-			"maxNodeCPUs":   intRange("vCPUs of the largest worker microVM; 0 is nodeCPUs", 0, 256),
-			"nodeMemory":    quantity("memory of the smallest worker microVM, e.g. 2Gi"),
-			"maxNodeMemory": quantity("memory of the largest worker microVM, e.g. 8Gi; 0 is nodeMemory"),
-			"nodeDisk":      quantity("container-storage disk of the smallest worker, e.g. 10Gi"),
-			"maxNodeDisk":   quantity("container-storage disk of the largest worker, e.g. 50Gi; 0 is nodeDisk"),
-			"podsPerNode":   intRange("max pods per worker", 1, 1000),
-			"sleepAfter":    str("idle time before the control plane sleeps, e.g. 15m; 0 is never, at least 30s otherwise"),
-			"datastore":     {Type: "string", Enum: []apiextensionsv1.JSON{{Raw: []byte(`"sqlite"`)}, {Raw: []byte(`"postgres"`)}}},
+			"maxNodes":              intRange("cap on worker microVMs", 0, 1000),
+			"hold":                  str("idle time before a node is removed, e.g. 1m"),
+			"nodeCPUs":              intRange("vCPUs of the smallest worker microVM", 1, 256),
+			"maxNodeCPUs":           intRange("vCPUs of the largest worker microVM; 0 is nodeCPUs", 0, 256),
+			"nodeMemory":            quantity("memory of the smallest worker microVM, e.g. 2Gi"),
+			"maxNodeMemory":         quantity("memory of the largest worker microVM, e.g. 8Gi; 0 is nodeMemory"),
+			"nodeDisk":              quantity("container-storage disk of the smallest worker, e.g. 10Gi"),
+			"maxNodeDisk":           quantity("container-storage disk of the largest worker, e.g. 50Gi; 0 is nodeDisk"),
+			"podsPerNode":           intRange("max pods per worker", 1, 1000),
+			"controlPlaneMemory":    quantity("memory cap of the control-plane process, e.g. 2Gi; 0 is the daemon's default"),
+			"controlPlanePIDs":      intRange("cap on the control plane's threads and processes; 0 is the daemon's default", 0, 4194304),
+			"controlPlaneCPUWeight": intRange("CPU share of the control plane, 1 to 10000 (100 is an ordinary process); 0 is the daemon's default", 0, 10000),
+			"sleepAfter":            str("idle time before the control plane sleeps, e.g. 15m; 0 is never, at least 30s otherwise"),
+			"datastore":             {Type: "string", Enum: []apiextensionsv1.JSON{{Raw: []byte(`"sqlite"`)}, {Raw: []byte(`"postgres"`)}}},
 		},
 		// What the CLI refuses (ValidateNodeSizes), refused for kubectl too. A field that
 		// is absent or 0 takes the daemon's default, which never contradicts a set one.
@@ -66,6 +69,15 @@ func CRD() *apiextensionsv1.CustomResourceDefinition {
 				Message: "sleepAfter must be 0 (never) or at least 30s",
 			},
 			rangeRule("nodeMemory", "maxNodeMemory"), rangeRule("nodeDisk", "maxNodeDisk"),
+			{
+				Rule: "!has(self.controlPlaneMemory) || quantity(string(self.controlPlaneMemory)).compareTo(quantity('0')) == 0 || " +
+					"!quantity(string(self.controlPlaneMemory)).isLessThan(quantity('" + MinControlPlaneMemory + "'))",
+				Message: "controlPlaneMemory must be 0 (the daemon's default) or at least " + MinControlPlaneMemory,
+			},
+			{
+				Rule:    "!has(self.controlPlanePIDs) || self.controlPlanePIDs == 0 || self.controlPlanePIDs >= " + fmt.Sprint(MinControlPlanePIDs),
+				Message: fmt.Sprintf("controlPlanePIDs must be 0 (the daemon's default) or at least %d", MinControlPlanePIDs),
+			},
 		},
 	}
 	status := apiextensionsv1.JSONSchemaProps{

@@ -13,6 +13,7 @@ func (c *Cluster) DeepCopy() *Cluster {
 	out.Spec.MaxNodeMemory = c.Spec.MaxNodeMemory.DeepCopy()
 	out.Spec.NodeDisk = c.Spec.NodeDisk.DeepCopy()
 	out.Spec.MaxNodeDisk = c.Spec.MaxNodeDisk.DeepCopy()
+	out.Spec.ControlPlaneMemory = c.Spec.ControlPlaneMemory.DeepCopy()
 	if c.Spec.SleepAfter != nil {
 		d := *c.Spec.SleepAfter
 		out.Spec.SleepAfter = &d

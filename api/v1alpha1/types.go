@@ -110,6 +110,16 @@ type ClusterSpec struct {
 	MaxNodeDisk resource.Quantity `json:"maxNodeDisk,omitempty"`
 	// PodsPerNode is the kubelet's max pods on each worker.
 	PodsPerNode int32 `json:"podsPerNode,omitempty"`
+	// ControlPlaneMemory caps the memory of the cluster's control-plane process
+	// (apiserver, controllers, scheduler, kine) in its own cgroup; past it the kernel
+	// kills that process alone and the daemon restarts it. 0 takes the daemon's
+	// --default-control-plane-memory.
+	ControlPlaneMemory resource.Quantity `json:"controlPlaneMemory,omitempty"`
+	// ControlPlanePIDs caps its threads and processes (pids.max); 0 takes the default.
+	ControlPlanePIDs int32 `json:"controlPlanePIDs,omitempty"`
+	// ControlPlaneCPUWeight is its CPU share against other tenants (cpu.weight, 1 to
+	// 10000, 100 being an ordinary process); 0 takes the default.
+	ControlPlaneCPUWeight int32 `json:"controlPlaneCPUWeight,omitempty"`
 	// Datastore names the kind of datastore ("sqlite" or "postgres"); the
 	// daemon's configuration says where it is.
 	Datastore string `json:"datastore,omitempty"`

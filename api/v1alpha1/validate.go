@@ -80,3 +80,32 @@ func ValidateSleepAfter(flag string, d time.Duration) error {
 	}
 	return fmt.Errorf("%s %s: want 0 (never sleep) or %s or more, e.g. 15m", flag, d, MinSleepAfter)
 }
+
+// Bounds of the control plane's limits (ClusterSpec.ControlPlane*), the CRD's too.
+const (
+	MinControlPlaneMemory = "64Mi"
+	MinControlPlanePIDs   = 64
+	MaxControlPlanePIDs   = 4194304
+	MaxControlPlaneWeight = 10000
+)
+
+// ValidateControlPlaneLimits says what is wrong with spec's control-plane limits and
+// what would be accepted; a field left 0 takes the daemon's default. name gives a
+// field's name in messages (nil: its JSON name).
+func ValidateControlPlaneLimits(s ClusterSpec, name func(field string) string) error {
+	if name == nil {
+		name = func(f string) string { return f }
+	}
+	var errs []error
+	if m := s.ControlPlaneMemory; m.Sign() != 0 && m.Cmp(resource.MustParse(MinControlPlaneMemory)) < 0 {
+		errs = append(errs, fmt.Errorf("%s %s: want 0 (the daemon's default) or at least %s, e.g. 2Gi (an idle control plane holds about 300Mi)",
+			name("controlPlaneMemory"), m.String(), MinControlPlaneMemory))
+	}
+	if p := s.ControlPlanePIDs; p != 0 && (p < MinControlPlanePIDs || p > MaxControlPlanePIDs) {
+		errs = append(errs, fmt.Errorf("%s %d: want 0 (the daemon's default) or %d to %d", name("controlPlanePIDs"), p, MinControlPlanePIDs, MaxControlPlanePIDs))
+	}
+	if w := s.ControlPlaneCPUWeight; w < 0 || w > MaxControlPlaneWeight {
+		errs = append(errs, fmt.Errorf("%s %d: want 1 to %d (100 is an ordinary process), or 0 for the daemon's default", name("controlPlaneCPUWeight"), w, MaxControlPlaneWeight))
+	}
+	return errors.Join(errs...)
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
@@ -26,6 +27,9 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 		sizes       nodeSizeFlags
 		podsPerNode int32
 		sleepAfter  time.Duration
+		cpMemory    string
+		cpPIDs      int32
+		cpWeight    int32
 	)
 	cmd := &cobra.Command{
 		Use:   "create NAME",
@@ -63,6 +67,9 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 					return usageError{err}
 				}
 				c.Spec.SleepAfter = &metav1.Duration{Duration: sleepAfter}
+			}
+			if err := controlPlaneLimits(&c.Spec, cpMemory, cpPIDs, cpWeight); err != nil {
+				return usageError{err}
 			}
 			ctx := cmd.Context()
 			m, err := g.connect(ctx)
@@ -113,8 +120,28 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&sizes.maxDisk, "max-node-disk", "", "container-storage disk of the largest worker node, for Pods that request ephemeral storage, e.g. 50Gi (default: the daemon's --default-max-node-disk)")
 	f.Int32Var(&podsPerNode, "pods-per-node", 0, "max pods per worker node (default: the daemon's --default-pods-per-node)")
 	f.DurationVar(&sleepAfter, "sleep-after", 0, "idle time before the control plane sleeps (it wakes on the first connection); 0 is never, else at least 30s (default: the daemon's --default-sleep-after)")
+	f.StringVar(&cpMemory, "control-plane-memory", "", "memory cap of the control-plane process, e.g. 2Gi: past it the kernel kills that process alone and it is restarted (default: the daemon's --default-control-plane-memory)")
+	f.Int32Var(&cpPIDs, "control-plane-pids", 0, "cap on the control plane's threads and processes (default: the daemon's --default-control-plane-pids)")
+	f.Int32Var(&cpWeight, "control-plane-cpu-weight", 0, "CPU share of the control plane against other tenants, 1-10000, 100 being an ordinary process (default: the daemon's --default-control-plane-cpu-weight)")
 	documentEnv(f)
 	return cmd
+}
+
+// controlPlaneLimits puts the control-plane limits asked for into spec, after
+// checking them; a flag left at its zero value leaves the daemon's default.
+func controlPlaneLimits(spec *v1.ClusterSpec, memory string, pids, weight int32) error {
+	if memory != "" {
+		q, err := resource.ParseQuantity(memory)
+		if err != nil {
+			return errf("--control-plane-memory %q: %v; want a quantity such as 2Gi", memory, err)
+		}
+		spec.ControlPlaneMemory = q
+	}
+	spec.ControlPlanePIDs, spec.ControlPlaneCPUWeight = pids, weight
+	return v1.ValidateControlPlaneLimits(*spec, func(f string) string {
+		return map[string]string{"controlPlaneMemory": "--control-plane-memory", "controlPlanePIDs": "--control-plane-pids",
+			"controlPlaneCPUWeight": "--control-plane-cpu-weight"}[f]
+	})
 }
 
 // waitLeased waits for the daemon to lease a port. If it cannot, the

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/spf13/cobra"
 
@@ -22,6 +26,9 @@ func newControlPlaneCommand() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := noNewPrivs(); err != nil {
+				return err
+			}
 			// The datastore and sockets it creates hold secrets.
 			syscall.Umask(0o077)
 			c, err := controlplane.ReadConfig(config)
@@ -37,4 +44,28 @@ func newControlPlaneCommand() *cobra.Command {
 	cmd.Flags().IntVar(&listenFD, "listen-fd", 0, "an inherited listening socket for the apiserver's loopback port (the daemon holds it while the cluster sleeps); 0 binds the port")
 	_ = cmd.MarkFlagRequired("config")
 	return cmd
+}
+
+// noNewPrivsEnv marks the process image that already runs with no_new_privs.
+const noNewPrivsEnv = "SOCIALWEB_CONTROLPLANE_NO_NEW_PRIVS"
+
+// noNewPrivs makes the control plane, which serves tenants, unable to gain
+// privileges through exec (setuid binaries, file capabilities) from here on.
+// The flag is per thread and the Go runtime already runs several, so it is set
+// on this one and the process image is executed again from it: every thread of
+// the new image has it. The pid, its cgroup and inherited fds stay.
+func noNewPrivs() error {
+	if os.Getenv(noNewPrivsEnv) == "1" {
+		return nil
+	}
+	runtime.LockOSThread()
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("setting no_new_privs: %w", err)
+	}
+	// /proc/self/exe: this very build, even if an upgrade replaced the file.
+	env := append(os.Environ(), noNewPrivsEnv+"=1")
+	if err := syscall.Exec("/proc/self/exe", os.Args, env); err != nil {
+		return fmt.Errorf("running again with no_new_privs: %w", err)
+	}
+	return nil
 }

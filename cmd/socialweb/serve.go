@@ -1,13 +1,16 @@
 package main
 
 import (
-	"k8s.io/klog/v2"
+	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/klog/v2"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 
 	"github.com/socialweb-computer/socialweb/internal/daemon"
 	"github.com/socialweb-computer/socialweb/internal/frontdoor"
@@ -23,6 +26,7 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 		maxDisk   string
 		logLevel  string
 		gogc      string
+		cpMemory  string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -41,6 +45,7 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 				{"--default-max-node-memory", maxMemory, &o.Defaults.MaxNodeMemory},
 				{"--default-node-disk", disk, &o.Defaults.NodeDisk},
 				{"--default-max-node-disk", maxDisk, &o.Defaults.MaxNodeDisk},
+				{"--default-control-plane-memory", cpMemory, &o.Defaults.ControlPlaneMemory},
 			} {
 				q, err := resource.ParseQuantity(f.v)
 				if err != nil {
@@ -91,6 +96,10 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&maxDisk, "default-max-node-disk", "0", "container-storage disk of the largest worker node, for Pods that request ephemeral storage, for a cluster that does not say; 0 is --default-node-disk")
 	f.Int32Var(&o.Defaults.PodsPerNode, "default-pods-per-node", 110, "max pods per worker node, for a cluster that does not say")
 	f.DurationVar(&o.Defaults.SleepAfter, "default-sleep-after", 0, "idle time (no API request from outside socialweb, no node, none wanted, no CronJob due) before a cluster's control plane sleeps, for a cluster that does not say; 0 is never, else at least 30s")
+	f.StringVar(&cpMemory, "default-control-plane-memory", "2Gi", "memory cap of a cluster's control-plane process (its own cgroup: past it the kernel kills that process alone, and it is restarted), for a cluster that does not say; at least "+v1.MinControlPlaneMemory+", or 0 for none; an idle one holds about 300Mi")
+	f.Int32Var(&o.Defaults.ControlPlanePIDs, "default-control-plane-pids", 4096, fmt.Sprintf("cap on a control plane's threads and processes (pids.max), for a cluster that does not say; at least %d", v1.MinControlPlanePIDs))
+	f.Int32Var(&o.Defaults.ControlPlaneCPUWeight, "default-control-plane-cpu-weight", 100, "CPU share of a control plane against other tenants (cpu.weight, 1-10000; 100 is an ordinary process), for a cluster that does not say")
+	f.StringVar(&o.CgroupParent, "cgroup-parent", "socialweb", `cgroup (under /sys/fs/cgroup, v2 or v1) each control plane gets a group of its own in, with its limits; "" runs control planes unlimited`)
 	f.StringVar(&gogc, "controlplane-gogc", "50", `GOGC of each control-plane process ("" leaves Go's default): lower trades CPU for memory`)
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	documentEnv(f)

@@ -98,17 +98,12 @@ func (h *Hierarchy) Ensure(name string, l Limits) (*Group, error) {
 	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
 		return nil, fmt.Errorf("cgroup name %q: want one path component", name)
 	}
-	g := &Group{Name: name, v2: h.v2}
 	if h.v2 {
 		if err := h.enableV2(); err != nil {
 			return nil, err
 		}
-		g.dirs = []string{filepath.Join(h.root, h.parent, name)}
-	} else {
-		for _, c := range controllers() {
-			g.dirs = append(g.dirs, filepath.Join(h.root, c, h.parent, name))
-		}
 	}
+	g := h.Lookup(name)
 	for _, d := range g.dirs {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("making cgroup %s: %w", d, err)
@@ -120,6 +115,20 @@ func (h *Hierarchy) Ensure(name string, l Limits) (*Group, error) {
 		}
 	}
 	return g, nil
+}
+
+// Lookup returns the group name as Ensure would make it, without making it (to
+// Remove a group of an earlier run, or read its counts).
+func (h *Hierarchy) Lookup(name string) *Group {
+	g := &Group{Name: name, v2: h.v2}
+	if h.v2 {
+		g.dirs = []string{filepath.Join(h.root, h.parent, name)}
+	} else {
+		for _, c := range controllers() {
+			g.dirs = append(g.dirs, filepath.Join(h.root, c, h.parent, name))
+		}
+	}
+	return g
 }
 
 // enableV2 turns the controllers on for the parent's children: a v2 group gets

@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/cgroup"
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
 	"github.com/socialweb-computer/socialweb/internal/datastore"
 	"github.com/socialweb-computer/socialweb/internal/frontdoor"
@@ -94,6 +95,9 @@ type Options struct {
 	Defaults        provider.Defaults
 	// ControlPlaneEnv is added to every control-plane process.
 	ControlPlaneEnv []string
+	// CgroupParent is the cgroup each control plane gets a group of its own under
+	// (cgroup.Open); "" runs them without limits.
+	CgroupParent string
 }
 
 // validateSizeDefaults checks the default node size range: no size negative, and each
@@ -159,6 +163,8 @@ type validated struct {
 	store    datastore.Store
 	// verdict is the node accelerator chosen by probing (nil without a node image).
 	verdict *qemu.Verdict
+	// cgroups holds the control planes (nil: --cgroup-parent "").
+	cgroups *cgroup.Hierarchy
 }
 
 // Validate checks everything that can be checked before anything is
@@ -193,6 +199,19 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	}
 	if err := v1.ValidateSleepAfter("--default-sleep-after", o.Defaults.SleepAfter); err != nil {
 		return v, err
+	}
+	if err := v1.ValidateControlPlaneLimits(v1.ClusterSpec{
+		ControlPlaneMemory: o.Defaults.ControlPlaneMemory, ControlPlanePIDs: o.Defaults.ControlPlanePIDs, ControlPlaneCPUWeight: o.Defaults.ControlPlaneCPUWeight,
+	}, func(f string) string {
+		return map[string]string{"controlPlaneMemory": "--default-control-plane-memory", "controlPlanePIDs": "--default-control-plane-pids",
+			"controlPlaneCPUWeight": "--default-control-plane-cpu-weight"}[f]
+	}); err != nil {
+		return v, err
+	}
+	if o.CgroupParent != "" {
+		if v.cgroups, err = cgroup.Open("/sys/fs/cgroup", o.CgroupParent); err != nil {
+			return v, fmt.Errorf("--cgroup-parent %q: %w; pass --cgroup-parent \"\" to run control planes without limits", o.CgroupParent, err)
+		}
 	}
 	if err := frontdoor.ValidateDomain(o.FrontDoorDomain); err != nil {
 		return v, fmt.Errorf("--front-door-domain %w", err)
@@ -371,6 +390,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		Defaults:     v.Defaults,
 		Env:          v.ControlPlaneEnv,
 		FrontDoor:    door,
+		Cgroups:      v.cgroups,
 	}, log.With("component", "provider"), dyn, kube, v.store, sup)
 	reg.MustRegister(prov.Collector())
 	reg.MustRegister(prov.SleepCollectors()...)

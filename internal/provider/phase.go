@@ -137,7 +137,12 @@ func Decide(o Observed) Plan {
 		p.cond(v1.ConditionRunning, false, "NotStarted", "starting the control-plane process", o.Now)
 		p.Ops = append(p.Ops, OpStart)
 	case o.Process.Running:
-		p.cond(v1.ConditionRunning, true, "Running", fmt.Sprintf("pid %d, %d restarts", o.Process.PID, o.Process.Restarts), o.Now)
+		msg := fmt.Sprintf("pid %d, %d restarts", o.Process.PID, o.Process.Restarts)
+		if o.Process.Restarts > 0 && o.Process.LastExit != "" {
+			// Why it restarted stays in view (an OOM kill at its limit, say).
+			msg += "; the last run " + o.Process.LastExit
+		}
+		p.cond(v1.ConditionRunning, true, "Running", msg, o.Now)
 	default:
 		p.cond(v1.ConditionRunning, false, "Exited", fmt.Sprintf("%s; restarting with backoff (%d restarts); see controlplane.log in the cluster's state dir", o.Process.LastExit, o.Process.Restarts), o.Now)
 	}

@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,6 +30,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/cgroup"
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
 	"github.com/socialweb-computer/socialweb/internal/datastore"
 	"github.com/socialweb-computer/socialweb/internal/frontdoor"
@@ -57,6 +59,11 @@ type Defaults struct {
 	// SleepAfter is the idle time before a cluster's control plane sleeps, for a
 	// cluster that does not say; 0 is never.
 	SleepAfter time.Duration
+	// ControlPlaneMemory, ControlPlanePIDs and ControlPlaneCPUWeight are the control
+	// plane's limits for a cluster that does not say (ClusterSpec.ControlPlane*).
+	ControlPlaneMemory    resource.Quantity
+	ControlPlanePIDs      int32
+	ControlPlaneCPUWeight int32
 }
 
 // Config is what the provider needs from the daemon.
@@ -77,6 +84,9 @@ type Config struct {
 	// FrontDoor, when set, carries every cluster: serving certificates
 	// include each cluster's SNI name, and admin kubeconfigs name the door.
 	FrontDoor *frontdoor.Door
+	// Cgroups, when set, holds each control plane in a cgroup of its own with its
+	// spec's limits (tenant-NAME); nil runs them unlimited.
+	Cgroups *cgroup.Hierarchy
 }
 
 // Networks is the part of nodenet.Manager the provider uses.
@@ -378,7 +388,7 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 			// A cluster that may sleep starts on the port the daemon holds.
 			var g *sleep.Gate
 			if g, err = p.gateFor(c, *obs.Lease); err == nil {
-				p.start(c, g)
+				err = p.start(c, g)
 			}
 		case OpSleep:
 			err = p.goToSleep(ctx, c, *obs.Lease)
@@ -429,6 +439,15 @@ func (p *Provider) addFinalizerAndDefaults(ctx context.Context, c *v1.Cluster) (
 	applySizeDefaults(s, d)
 	if s.PodsPerNode == 0 {
 		s.PodsPerNode = d.PodsPerNode
+	}
+	if s.ControlPlaneMemory.IsZero() {
+		s.ControlPlaneMemory = d.ControlPlaneMemory.DeepCopy()
+	}
+	if s.ControlPlanePIDs == 0 {
+		s.ControlPlanePIDs = d.ControlPlanePIDs
+	}
+	if s.ControlPlaneCPUWeight == 0 {
+		s.ControlPlaneCPUWeight = d.ControlPlaneCPUWeight
 	}
 	if s.SleepAfter == nil && d.SleepAfter > 0 {
 		s.SleepAfter = &metav1.Duration{Duration: d.SleepAfter}
@@ -624,7 +643,7 @@ func (p *Provider) writeAdminSecret(ctx context.Context, c *v1.Cluster, kubeconf
 
 // start supervises the cluster's control plane; with a gate, its apiserver
 // accepts on the socket the daemon holds (fd 3) instead of binding the port.
-func (p *Provider) start(c *v1.Cluster, g *sleep.Gate) {
+func (p *Provider) start(c *v1.Cluster, g *sleep.Gate) error {
 	dir := ClusterDir(p.cfg.StateDir, c.Name)
 	spec := supervisor.Spec{
 		Name:       ProcessName(c.Name),
@@ -638,7 +657,47 @@ func (p *Provider) start(c *v1.Cluster, g *sleep.Gate) {
 		spec.Args = append(spec.Args, "--listen-fd", "3")
 		spec.ExtraFiles = []*os.File{g.File()}
 	}
+	if p.cfg.Cgroups != nil {
+		jail, err := p.cfg.Cgroups.Ensure(CgroupName(p.cfg.StateDir, c.Name), ControlPlaneLimits(c.Spec, p.cfg.Defaults))
+		if err != nil {
+			return fmt.Errorf("limiting the control plane of %s: %w", c.Name, err)
+		}
+		spec.Jail = jail
+	}
 	p.sup.Start(spec)
+	return nil
+}
+
+// CgroupName is the cgroup a cluster's control plane runs in, under the daemon's
+// parent group: named for the daemon (its state dir) too, since two daemons on one
+// host (a test beside a serving one) may each have a cluster of that name.
+func CgroupName(stateDir, cluster string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(stateDir)))
+	return fmt.Sprintf("tenant-%x-%s", sum[:4], cluster)
+}
+
+// ControlPlaneLimits are the cgroup limits of a cluster's control plane: its
+// spec's, and d's where it leaves a field 0 (a cluster made before the fields).
+func ControlPlaneLimits(s v1.ClusterSpec, d Defaults) cgroup.Limits {
+	l := cgroup.Limits{MemoryMax: s.ControlPlaneMemory.Value(), PIDsMax: int64(s.ControlPlanePIDs), CPUWeight: int64(s.ControlPlaneCPUWeight)}
+	if l.MemoryMax == 0 {
+		l.MemoryMax = d.ControlPlaneMemory.Value()
+	}
+	if l.PIDsMax == 0 {
+		l.PIDsMax = int64(d.ControlPlanePIDs)
+	}
+	if l.CPUWeight == 0 {
+		l.CPUWeight = int64(d.ControlPlaneCPUWeight)
+	}
+	return l
+}
+
+// removeCgroup removes the cluster's control-plane cgroup (its process stopped).
+func (p *Provider) removeCgroup(cluster string) error {
+	if p.cfg.Cgroups == nil {
+		return nil
+	}
+	return p.cfg.Cgroups.Lookup(CgroupName(p.cfg.StateDir, cluster)).Remove()
 }
 
 // SleepCollectors are the sleep and wake metrics.
@@ -719,6 +778,9 @@ func (p *Provider) removeData(ctx context.Context, c *v1.Cluster) error {
 	dir := ClusterDir(p.cfg.StateDir, c.Name)
 	if err := p.store.Remove(ctx, c.Name, dir); err != nil {
 		return err
+	}
+	if err := p.removeCgroup(c.Name); err != nil {
+		p.log.Warn("control-plane cgroup not removed", "cluster", c.Name, "err", err)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return err

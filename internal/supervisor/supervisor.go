@@ -22,6 +22,16 @@ type Spec struct {
 	// ExtraFiles are inherited by the process as fds 3, 4, ...: a listening socket
 	// the daemon keeps open across the process's runs. The caller keeps them open.
 	ExtraFiles []*os.File
+	// Jail, if set, holds the process in a group with limits (its cgroup): each run
+	// is moved in at once, and a run the kernel OOM-killed there says so.
+	Jail Jail
+}
+
+// Jail is a process group with limits (cgroup.Group).
+type Jail interface {
+	Add(pid int) error
+	// OOMKills is how many processes the kernel OOM-killed in it so far.
+	OOMKills() (int64, error)
 }
 
 // State is what the supervisor knows about one process.
@@ -143,6 +153,7 @@ func (s *Supervisor) loop(p *proc) {
 	delay := s.backoff.Initial
 	for {
 		started := time.Now()
+		ooms := jailOOMs(p.spec.Jail)
 		cmd, err := s.startOnce(p)
 		if err != nil {
 			log.Error("start failed", "err", err)
@@ -168,6 +179,9 @@ func (s *Supervisor) loop(p *proc) {
 			msg := fmt.Sprintf("exited: %v", err)
 			if err == nil {
 				msg = "exited with status 0"
+			}
+			if ooms >= 0 && jailOOMs(p.spec.Jail) > ooms {
+				msg = fmt.Sprintf("was OOM-killed at its memory limit (%v): raise the limit or find what grew", err)
 			}
 			log.Warn("process exited; restarting", "after", delay, "status", msg, "ran", time.Since(started).Round(time.Millisecond))
 			s.set(p, func(st *State) { st.Running = false; st.Restarts++; st.LastExit = msg; st.Since = time.Now() })
@@ -204,6 +218,15 @@ func (s *Supervisor) startOnce(p *proc) (*exec.Cmd, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
+	if p.spec.Jail != nil {
+		// At once: a run outside its limits is a tenant on the loose. The process is
+		// still starting (a Go runtime), so nothing it allocated yet matters.
+		if err := p.spec.Jail.Add(cmd.Process.Pid); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return nil, fmt.Errorf("limiting the process: %w", err)
+		}
+	}
 	id, err := ObserveStarted(cmd.Process.Pid)
 	if err == nil {
 		err = writeRecord(p.spec.RecordPath, id)
@@ -214,4 +237,17 @@ func (s *Supervisor) startOnce(p *proc) (*exec.Cmd, error) {
 		return nil, fmt.Errorf("recording instance: %w", err)
 	}
 	return cmd, nil
+}
+
+// jailOOMs is j's OOM-kill count, -1 if it cannot be read (then no exit is
+// called an OOM kill).
+func jailOOMs(j Jail) int64 {
+	if j == nil {
+		return -1
+	}
+	n, err := j.OOMKills()
+	if err != nil {
+		return -1
+	}
+	return n
 }

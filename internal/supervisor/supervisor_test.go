@@ -1,10 +1,13 @@
 package supervisor
 
 import (
+	"errors"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -119,6 +122,67 @@ func TestReap(t *testing.T) {
 			}
 			if _, err := os.Stat(path); !os.IsNotExist(err) {
 				t.Errorf("record not removed")
+			}
+		})
+	}
+}
+
+// fakeJail records the pids it holds and reports OOM kills as told.
+type fakeJail struct {
+	mu    sync.Mutex
+	pids  []int
+	ooms  int64
+	fail  error
+	onAdd func(j *fakeJail)
+}
+
+func (j *fakeJail) Add(pid int) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.fail != nil {
+		return j.fail
+	}
+	j.pids = append(j.pids, pid)
+	if j.onAdd != nil {
+		j.onAdd(j)
+	}
+	return nil
+}
+
+func (j *fakeJail) OOMKills() (int64, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.ooms, nil
+}
+
+func TestJail(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		jail     *fakeJail
+		want     string // in LastExit
+		wantPids bool
+	}{
+		// The kernel's OOM kill in the jail is what the exit is said to be.
+		{"an OOM kill is named", &fakeJail{onAdd: func(j *fakeJail) { j.ooms++ }}, "OOM-killed at its memory limit", true},
+		{"another exit is not", &fakeJail{}, "exited: exit status 3", true},
+		// A process that cannot be held is not let run.
+		{"a jail that refuses", &fakeJail{fail: errors.New("no cgroup")}, "limiting the process: no cgroup", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := New(quietLog(), Backoff{Initial: 50 * time.Millisecond, Max: 100 * time.Millisecond, Reset: time.Minute}, nil)
+			sp := spec(t, "jailed", "-c", "sleep 0.3; exit 3") // past its recording
+			sp.Jail = tc.jail
+			s.Start(sp)
+			defer s.Stop("jailed", time.Second)
+			waitFor(t, "an exit", func() bool { st, _ := s.State("jailed"); return st.LastExit != "" })
+			st, _ := s.State("jailed")
+			if !strings.Contains(st.LastExit, tc.want) {
+				t.Errorf("LastExit = %q, want it to say %q", st.LastExit, tc.want)
+			}
+			tc.jail.mu.Lock()
+			defer tc.jail.mu.Unlock()
+			if got := len(tc.jail.pids) > 0; got != tc.wantPids {
+				t.Errorf("jail holds pids %v; want some: %v", tc.jail.pids, tc.wantPids)
 			}
 		})
 	}

@@ -1,0 +1,119 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/livetest"
+	"github.com/socialweb-computer/socialweb/internal/provider"
+)
+
+// TestControlPlaneInItsBox: each tenant's control plane runs in a cgroup of its own
+// with its limits and with no_new_privs. One made to exceed its memory (a limit it
+// cannot start under) is OOM-killed there, the Cluster says so, and it is restarted;
+// the other tenant and the daemon do not notice.
+func TestControlPlaneInItsBox(t *testing.T) {
+	d := newDaemon(t, 2)
+	d.start()
+
+	// Bad input: a clear error and no cluster.
+	if _, errOut, code := d.cli("cluster", "create", "bad", "--control-plane-memory", "1Mi"); code == 0 || !strings.Contains(errOut, "--control-plane-memory 1Mi: want 0") {
+		t.Errorf("create with --control-plane-memory 1Mi: exit %d, %q; want an error naming the flag and what is accepted", code, errOut)
+	}
+	if out, _, _ := d.cli("cluster", "list"); strings.Contains(out, "bad") {
+		t.Errorf("a refused create left a cluster:\n%s", out)
+	}
+
+	d.mustCLI("cluster", "create", "ok", "--wait", "--control-plane-pids", "2048", "--control-plane-cpu-weight", "50")
+	_, k := d.tenant("ok")
+	ctx := ctxT(t, 5*time.Minute)
+	pidOf := func(cluster string) int {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(provider.ClusterDir(d.stateDir, cluster), "instance.json"))
+		if err != nil {
+			return 0
+		}
+		var rec struct {
+			PID int `json:"pid"`
+		}
+		if err := json.Unmarshal(b, &rec); err != nil {
+			t.Fatal(err)
+		}
+		return rec.PID
+	}
+	pid := pidOf("ok")
+	if pid == 0 {
+		t.Fatal("no instance record of ok's control plane")
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(status), "\nNoNewPrivs:\t1\n") {
+		t.Errorf("ok's control plane %d runs without no_new_privs:\n%s", pid, status)
+	}
+	cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	group := provider.CgroupName(d.stateDir, "ok")
+	if !strings.Contains(string(cg), "/socialweb/"+group+"\n") {
+		t.Errorf("ok's control plane is not in its cgroup %s:\n%s", group, cg)
+	}
+	for file, want := range map[string]string{
+		"memory.max|memory/socialweb/" + group + "/memory.limit_in_bytes": strconv.Itoa(2 << 30), // the daemon's default, 2Gi
+		"pids.max|pids/socialweb/" + group + "/pids.max":                  "2048",
+		"cpu.weight|cpu/socialweb/" + group + "/cpu.shares":               "50|512",
+	} {
+		v2file, v1file, _ := strings.Cut(file, "|")
+		got, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/socialweb", group, v2file))
+		if err != nil {
+			got, err = os.ReadFile(filepath.Join("/sys/fs/cgroup", v1file))
+		}
+		if err != nil || !strings.Contains("|"+want+"|", "|"+strings.TrimSpace(string(got))+"|") {
+			t.Errorf("%s = %q (%v), want %s", file, got, err, want)
+		}
+	}
+
+	// A tenant whose control plane cannot fit its memory: killed in its own group.
+	d.mustCLI("cluster", "create", "small", "--control-plane-memory", v1.MinControlPlaneMemory)
+	var cond *metav1.Condition
+	livetest.Eventually(t, 3*time.Minute, time.Second, "small's Cluster to say its control plane was OOM-killed", func() bool {
+		cond = meta.FindStatusCondition(d.cluster("small").Status.Conditions, v1.ConditionRunning)
+		return cond != nil && strings.Contains(cond.Message, "OOM-killed")
+	})
+	t.Logf("small: %s: %s", cond.Reason, cond.Message)
+	// And it is tried again (the supervisor's backoff), still inside its limit.
+	livetest.Eventually(t, time.Minute, time.Second, "small's control plane to be restarted", func() bool {
+		p := pidOf("small")
+		return p != 0 && running(p)
+	})
+
+	// Nobody else noticed: ok answers, with the same process, and the daemon runs.
+	if _, err := k.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("ok's apiserver after small's OOM kills: %v", err)
+	}
+	if p := pidOf("ok"); p != pid {
+		t.Errorf("ok's control plane changed from %d to %d", pid, p)
+	}
+	if !d.running() {
+		t.Fatal("the daemon died")
+	}
+	if c := d.cluster("ok"); c.Status.Phase != v1.PhaseReady {
+		t.Errorf("ok is %s, want Ready", c.Status.Phase)
+	}
+	d.mustCLI("cluster", "delete", "small", "--wait")
+	for _, dir := range []string{filepath.Join("/sys/fs/cgroup/socialweb", provider.CgroupName(d.stateDir, "small")),
+		filepath.Join("/sys/fs/cgroup/memory/socialweb", provider.CgroupName(d.stateDir, "small"))} {
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("a deleted cluster's cgroup %s is left", dir)
+		}
+	}
+}
