@@ -332,6 +332,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	if v.NodeNetwork {
 		nets = nodenet.NewManager(nil, log.With("component", "nodenet"))
 		networks = nets
+		reg.MustRegister(nets.Collector())
 	}
 	plan := func(cluster string) (nodenet.Plan, error) { return prov.Plan(cluster) }
 	var door *frontdoor.Door

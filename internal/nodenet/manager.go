@@ -27,6 +27,11 @@ type Manager struct {
 	run Runner
 	log *slog.Logger
 	mu  sync.Mutex // one change at a time: commands are quick, and it keeps logs readable
+	// ensured names the cluster of each index this Manager ensured: the
+	// metrics report those tables only, not another daemon's.
+	ensured map[int]string
+	// collectErr is the last error of a metrics scrape, logged when it changes.
+	collectErr string
 }
 
 // NewManager returns a Manager; a nil runner runs the host's commands, a
@@ -38,7 +43,7 @@ func NewManager(run Runner, log *slog.Logger) *Manager {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Manager{run: run, log: log}
+	return &Manager{run: run, log: log, ensured: map[int]string{}}
 }
 
 // Tap is a node's tap device; MAC is for the guest's NIC
@@ -105,6 +110,7 @@ func (m *Manager) Ensure(ctx context.Context, cluster string, plan Plan, served 
 	if err := m.dockerUser(ctx, plan, true); err != nil {
 		return err
 	}
+	m.ensured[plan.Index] = cluster
 	m.log.Info("cluster network ensured", "cluster", cluster, "bridge", br, "gateway", gw,
 		"table", tableFamily+" "+TableName(plan.Index), "gatewayTCP", served.tcpPorts(),
 		"egress", m.Egress.mode(), "hostNetworks", hostNets)
@@ -503,6 +509,7 @@ func (m *Manager) Remove(ctx context.Context, cluster string, plan Plan) error {
 	if err := m.dockerUser(ctx, plan, false); err != nil {
 		return err
 	}
+	delete(m.ensured, plan.Index)
 	m.log.Info("cluster network removed", "cluster", cluster, "bridge", br)
 	return nil
 }

@@ -10,6 +10,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // recorder is a Runner that records command lines and answers from a script:
@@ -383,6 +386,60 @@ func TestParseHostNetworks(t *testing.T) {
 	r := newRecorder(rule{prefix: "ip -j", err: &exec.Error{Name: "ip", Err: exec.ErrNotFound}})
 	if _, err := NewManager(r, nil).HostNetworks(context.Background()); err == nil || !strings.Contains(err.Error(), "iproute2") {
 		t.Errorf("HostNetworks without ip: %v", err)
+	}
+}
+
+func TestDeniedCounters(t *testing.T) {
+	out := `{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}},
+{"counter": {"family": "inet", "name": "egress_denied", "table": "socialweb-3", "handle": 4, "packets": 7, "bytes": 420}},
+{"counter": {"family": "inet", "name": "host_denied", "table": "socialweb-3", "handle": 5, "packets": 2, "bytes": 120}},
+{"counter": {"family": "inet", "name": "egress_denied", "table": "socialweb-31", "handle": 4, "packets": 0, "bytes": 0}},
+{"counter": {"family": "inet", "name": "other", "table": "socialweb-3", "handle": 6, "packets": 9, "bytes": 9}},
+{"counter": {"family": "ip", "name": "egress_denied", "table": "socialweb-4", "handle": 1, "packets": 9, "bytes": 9}},
+{"counter": {"family": "inet", "name": "egress_denied", "table": "filter", "handle": 1, "packets": 9, "bytes": 9}}]}`
+	r := newRecorder(rule{prefix: "nft -j list counters", out: out})
+	m := NewManager(r, nil)
+	got, err := m.DeniedCounters(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int]map[string]uint64{3: {"egress": 7, "host": 2}, 31: {"egress": 0}}
+	if len(got) != len(want) || got[3]["egress"] != 7 || got[3]["host"] != 2 || len(got[3]) != 2 || len(got[31]) != 1 {
+		t.Errorf("counters %v, want %v", got, want)
+	}
+	sameCalls(t, r.calls, []string{"nft -j list counters"})
+
+	// The metrics name only clusters this Manager ensured.
+	if err := m.Ensure(context.Background(), "c1", plan(t, 3), testServed()); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m.Collector())
+	const wantText = `
+# HELP socialweb_node_network_denied_packets_total Packets from a cluster's bridge its walls refused: wall=host (to the host, on no port it serves the cluster) or wall=egress (forwarded, where the egress policy does not let them go). Reset when the cluster's network is ensured again (each start of its control plane).
+# TYPE socialweb_node_network_denied_packets_total counter
+socialweb_node_network_denied_packets_total{cluster="c1",wall="egress"} 7
+socialweb_node_network_denied_packets_total{cluster="c1",wall="host"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(wantText)); err != nil {
+		t.Error(err)
+	}
+	// Removed: no longer reported. A failing nft fails no scrape.
+	if err := m.Remove(context.Background(), "c1", plan(t, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 0 {
+		t.Errorf("after Remove: %d metrics, %v", n, err)
+	}
+	r = newRecorder(rule{prefix: "nft -j", err: failed("Error: Could not process rule: Operation not permitted")})
+	m = NewManager(r, nil)
+	if err := m.Ensure(context.Background(), "c1", plan(t, 3), testServed()); err != nil {
+		t.Fatal(err)
+	}
+	reg = prometheus.NewPedanticRegistry()
+	reg.MustRegister(m.Collector())
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 0 {
+		t.Errorf("with nft failing: %d metrics, %v", n, err)
 	}
 }
 
