@@ -57,6 +57,13 @@ type Options struct {
 	PortRange    string
 	NetworkRange string
 	NodeNetwork  bool
+	// Egress is where nodes' forwarded traffic may go: internet (the public
+	// internet; private, link-local and the host's own networks walled off) or
+	// none. EgressAllow opens IPv4 CIDRs walled off (or all, under none);
+	// EgressDeny closes more, and wins over EgressAllow.
+	Egress      string
+	EgressAllow []string
+	EgressDeny  []string
 	// NodeImage is a built node image directory; empty keeps clusters at
 	// zero nodes.
 	NodeImage string
@@ -155,11 +162,28 @@ func warmPoolShape(d provider.Defaults) qemu.PoolShape {
 	return qemu.PoolShape{CPUs: int64(d.NodeCPUs), MemoryMiB: d.NodeMemory.Value() >> 20, DiskMiB: d.NodeDisk.Value() >> 20}
 }
 
+// validateEgress reads --egress, --egress-allow and --egress-deny.
+func validateEgress(o Options) (nodenet.EgressPolicy, error) {
+	var p nodenet.EgressPolicy
+	var err error
+	if p.Mode, err = nodenet.ParseEgress(o.Egress); err != nil {
+		return p, fmt.Errorf("--egress %w", err)
+	}
+	if p.Allow, err = nodenet.ParsePrefixes(o.EgressAllow); err != nil {
+		return p, fmt.Errorf("--egress-allow %w", err)
+	}
+	if p.Deny, err = nodenet.ParsePrefixes(o.EgressDeny); err != nil {
+		return p, fmt.Errorf("--egress-deny %w", err)
+	}
+	return p, nil
+}
+
 // validated is Options after every check that can fail without side effects.
 type validated struct {
 	Options
 	ports    lease.Range
 	networks lease.Range
+	egress   nodenet.EgressPolicy
 	store    datastore.Store
 	// verdict is the node accelerator chosen by probing (nil without a node image).
 	verdict *qemu.Verdict
@@ -190,6 +214,9 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	}
 	if v.networks.Hi > nodenet.MaxIndex {
 		return v, fmt.Errorf("--network-range %s: the highest network index is %d", v.networks, nodenet.MaxIndex)
+	}
+	if v.egress, err = validateEgress(o); err != nil {
+		return v, err
 	}
 	if o.Defaults.MaxNodes < 0 || o.Defaults.NodeCPUs < 1 || o.Defaults.PodsPerNode < 1 || o.Defaults.Hold < 0 || o.Defaults.NodeMemory.Sign() <= 0 {
 		return v, errors.New("cluster defaults must be positive: max nodes >= 0, node cpus >= 1, pods per node >= 1, hold >= 0, node memory > 0")
@@ -350,7 +377,9 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	)
 	if v.NodeNetwork {
 		nets = nodenet.NewManager(nil, log.With("component", "nodenet"))
+		nets.Egress = v.egress
 		networks = nets
+		reg.MustRegister(nets.Collector())
 	}
 	plan := func(cluster string) (nodenet.Plan, error) { return prov.Plan(cluster) }
 	var door *frontdoor.Door

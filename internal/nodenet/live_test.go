@@ -258,11 +258,12 @@ func TestLiveStandInGuests(t *testing.T) {
 		name string
 		p    Plan
 	}{{"live-a", pa}, {"live-b", pb}, {"live-a", pa}} { // the second Ensure of A must change nothing
-		if err := m.Ensure(ctx, c.name, c.p); err != nil {
+		// 8081: B serves its "apiserver" there (below); A1 must not reach it.
+		if err := m.Ensure(ctx, c.name, c.p, Served{APIServer: 8081}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got := counters.ReplaceAllString(sh(t, "nft", "list", "table", "inet", TableName(liveA)), "counter"); !strings.Contains(got, `iifname "swb198" oifname "swb*" drop`) || strings.Count(got, "chain ") != 3 {
+	if got := counters.ReplaceAllString(sh(t, "nft", "list", "table", "inet", TableName(liveA)), "counter"); !strings.Contains(got, `iifname "swb198" oifname "swb*" counter name "egress_denied" drop`) || strings.Count(got, "chain ") != 3 {
 		t.Fatalf("table after two Ensures:\n%s", got)
 	}
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -19,9 +20,18 @@ import (
 // routes for the nodes' pod subnets, and one nftables table per cluster
 // (isolation, egress NAT). Every method is idempotent.
 type Manager struct {
+	// Egress is where the clusters' nodes may send forwarded traffic; set it
+	// before the first Ensure. The zero value is the default policy.
+	Egress EgressPolicy
+
 	run Runner
 	log *slog.Logger
 	mu  sync.Mutex // one change at a time: commands are quick, and it keeps logs readable
+	// ensured names the cluster of each index this Manager ensured: the
+	// metrics report those tables only, not another daemon's.
+	ensured map[int]string
+	// collectErr is the last error of a metrics scrape, logged when it changes.
+	collectErr string
 }
 
 // NewManager returns a Manager; a nil runner runs the host's commands, a
@@ -33,7 +43,7 @@ func NewManager(run Runner, log *slog.Logger) *Manager {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Manager{run: run, log: log}
+	return &Manager{run: run, log: log, ensured: map[int]string{}}
 }
 
 // Tap is a node's tap device; MAC is for the guest's NIC
@@ -59,10 +69,17 @@ func checkPlan(p Plan) error {
 }
 
 // Ensure creates (or repairs) the cluster's bridge, gateway address,
-// forwarding sysctl and nftables table.
-func (m *Manager) Ensure(ctx context.Context, cluster string, plan Plan) error {
+// forwarding sysctl and nftables table. served are the ports the host serves
+// the cluster on its gateway: the only ones its nodes may open there.
+func (m *Manager) Ensure(ctx context.Context, cluster string, plan Plan, served Served) error {
 	if err := checkPlan(plan); err != nil {
 		return err
+	}
+	if err := served.check(); err != nil {
+		return fmt.Errorf("ensuring the network of cluster %s: %w", cluster, err)
+	}
+	if err := m.Egress.check(); err != nil {
+		return fmt.Errorf("ensuring the network of cluster %s: egress policy: %w", cluster, err)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -81,14 +98,22 @@ func (m *Manager) Ensure(ctx context.Context, cluster string, plan Plan) error {
 	if _, err := m.cmd(ctx, "", "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"); err != nil {
 		return explain(err, "enabling net.ipv4.ip_forward (nodes' traffic is routed through the host)")
 	}
-	if _, err := m.cmd(ctx, Ruleset(cluster, plan), "nft", "-f", "-"); err != nil {
+	// Read when the rules are applied: the host's networks are what its
+	// interfaces have now.
+	hostNets, err := m.HostNetworks(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := m.cmd(ctx, Ruleset(cluster, plan, served, m.Egress, hostNets), "nft", "-f", "-"); err != nil {
 		return explain(err, "installing nftables table %s %s", tableFamily, TableName(plan.Index))
 	}
 	if err := m.dockerUser(ctx, plan, true); err != nil {
 		return err
 	}
+	m.ensured[plan.Index] = cluster
 	m.log.Info("cluster network ensured", "cluster", cluster, "bridge", br, "gateway", gw,
-		"table", tableFamily+" "+TableName(plan.Index))
+		"table", tableFamily+" "+TableName(plan.Index), "gatewayTCP", served.tcpPorts(),
+		"egress", m.Egress.mode(), "hostNetworks", hostNets)
 	return nil
 }
 
@@ -103,10 +128,19 @@ func (m *Manager) Ensure(ctx context.Context, cluster string, plan Plan) error {
 // synced) is refused at once. Forwarded to the uplink it would hang in SYN
 // retries on a conntrack entry the node never re-NATs.
 //
+// The walls (DESIGN.md, "Trust: who may reach what"): from the bridge the
+// host answers only served's ports, DNS and ICMP on the gateway; anything
+// else to the host is dropped and counted (host_denied). Forwarded traffic
+// stays inside the cluster (bridge to bridge: nodes, and pods routed via
+// their nodes) or goes where egress lets it: the operator's Deny first, then
+// Allow, then (EgressInternet) everything but the walled ranges and hostNets,
+// or (EgressNone) nothing. A refusal is an ICMP admin-prohibited, so a job
+// fails at once instead of timing out, and is counted (egress_denied).
+//
 // Note that an accept here is not final in netfilter: a later chain with a
 // drop policy (Docker's FORWARD) still sees the packet; dockerUser covers
 // Docker, see there.
-func Ruleset(cluster string, plan Plan) string {
+func Ruleset(cluster string, plan Plan, served Served, egress EgressPolicy, hostNets []netip.Prefix) string {
 	br := BridgeName(plan.Index)
 	t := TableName(plan.Index)
 	own := fmt.Sprintf("%s, %s", plan.NodeCIDR, plan.PodCIDR)
@@ -114,32 +148,76 @@ func Ruleset(cluster string, plan Plan) string {
 	fmt.Fprintf(&b, "table %s %s\ndelete table %s %s\n", tableFamily, t, tableFamily, t)
 	fmt.Fprintf(&b, "table %s %s {\n", tableFamily, t)
 	fmt.Fprintf(&b, "\tcomment \"socialweb cluster %s network %d (managed: edits are overwritten)\"\n", commentSafe(cluster), plan.Index)
+	fmt.Fprintf(&b, "\tcounter %s {\n\t\tcomment \"forwarded packets from %s the egress policy refused\"\n\t}\n", counterEgress, br)
+	fmt.Fprintf(&b, "\tcounter %s {\n\t\tcomment \"packets from %s to the host on no port it serves the cluster\"\n\t}\n", counterHost, br)
+	walls := slices.Concat(Walled(), hostNets)
+	for _, set := range []struct {
+		name string
+		ps   []netip.Prefix
+	}{{"egress_deny", egress.Deny}, {"egress_allow", egress.Allow}, {"egress_walled", walls}} {
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype ipv4_addr\n\t\tflags interval\n", set.name)
+		if ps := mergePrefixes(set.ps); len(ps) > 0 {
+			fmt.Fprintf(&b, "\t\telements = { %s }\n", joinPrefixes(ps))
+		}
+		b.WriteString("\t}\n")
+	}
+	refuse := fmt.Sprintf(`counter name "%s" reject with icmpx admin-prohibited`, counterEgress)
+	last := fmt.Sprintf(`iifname "%s" ip daddr @egress_walled %s
+		iifname "%s" accept`, br, refuse, br)
+	if egress.mode() == EgressNone {
+		last = fmt.Sprintf(`iifname "%s" %s`, br, refuse)
+	}
+	var tcp []string
+	for _, p := range served.tcpPorts() {
+		tcp = append(tcp, strconv.Itoa(p))
+	}
 	fmt.Fprintf(&b, `	chain forward {
 		type filter hook forward priority filter - 10; policy accept;
 		iifname "%[1]s" meta nfproto ipv6 drop
 		oifname "%[1]s" meta nfproto ipv6 drop
 		iifname "%[1]s" oifname "%[1]s" accept
-		iifname "%[1]s" oifname "%[2]s*" drop
+		iifname "%[1]s" oifname "%[2]s*" counter name "%[8]s" drop
 		oifname "%[1]s" iifname "%[2]s*" drop
 		iifname "%[1]s" ip daddr %[5]s meta l4proto tcp reject with tcp reset
 		iifname "%[1]s" ip daddr %[5]s reject with icmpx admin-prohibited
 		iifname "%[1]s" tcp flags & (syn | rst) == syn tcp option maxseg size set rt mtu
-		iifname "%[1]s" accept
+		iifname "%[1]s" ip daddr @egress_deny %[6]s
+		iifname "%[1]s" ip daddr @egress_allow accept
+		%[7]s
 		oifname "%[1]s" ct state established,related accept
 		oifname "%[1]s" drop
 	}
 	chain input {
 		type filter hook input priority filter - 10; policy accept;
 		iifname "%[1]s" meta nfproto ipv6 drop
-		iifname "%[1]s" ip daddr != %[3]s drop
+		iifname "%[1]s" ct state established,related accept
+		iifname "%[1]s" ip daddr %[3]s tcp dport { %[10]s } accept
+		iifname "%[1]s" ip daddr %[3]s udp dport %[11]d accept
+		iifname "%[1]s" ip daddr %[3]s icmp type { echo-request, destination-unreachable, time-exceeded, parameter-problem } accept
+		iifname "%[1]s" meta pkttype { broadcast, multicast } drop
+		iifname "%[1]s" counter name "%[9]s" drop
 	}
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
 		oifname != "%[1]s" ip saddr { %[4]s } ip daddr != { %[4]s, %[5]s } masquerade
 	}
 }
-`, br, bridgePrefix, plan.NodeCIDR, own, plan.ServiceCIDR)
+`, br, bridgePrefix, plan.Gateway, own, plan.ServiceCIDR, refuse, last, counterEgress, counterHost, strings.Join(tcp, ", "), DNSPort)
 	return b.String()
+}
+
+// The cluster table's named counters of refused packets.
+const (
+	counterEgress = "egress_denied"
+	counterHost   = "host_denied"
+)
+
+func joinPrefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ", ")
 }
 
 func commentSafe(s string) string {
@@ -431,6 +509,7 @@ func (m *Manager) Remove(ctx context.Context, cluster string, plan Plan) error {
 	if err := m.dockerUser(ctx, plan, false); err != nil {
 		return err
 	}
+	delete(m.ensured, plan.Index)
 	m.log.Info("cluster network removed", "cluster", cluster, "bridge", br)
 	return nil
 }

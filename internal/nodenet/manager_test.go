@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // recorder is a Runner that records command lines and answers from a script:
@@ -27,8 +31,10 @@ type rule struct {
 }
 
 func newRecorder(rules ...rule) *recorder {
-	// Unless a test says otherwise the host has no iptables (like ours).
-	rules = append(rules, rule{prefix: "iptables", err: &exec.Error{Name: "iptables", Err: exec.ErrNotFound}})
+	// Unless a test says otherwise the host has no iptables (like ours), and
+	// sampleAddrs' addresses.
+	rules = append(rules, rule{prefix: "iptables", err: &exec.Error{Name: "iptables", Err: exec.ErrNotFound}},
+		rule{prefix: "ip -j -4 addr show", out: sampleAddrs})
 	return &recorder{stdin: map[string]string{}, rules: rules}
 }
 
@@ -74,6 +80,7 @@ func TestEnsureCommands(t *testing.T) {
 		"ip addr replace 10.250.3.1/24 dev swb3",
 		"ip link set dev swb3 up",
 		"sysctl -q -w net.ipv4.ip_forward=1",
+		"ip -j -4 addr show",
 		"nft -f -",
 		"iptables -w -S DOCKER-USER",
 	}
@@ -89,9 +96,14 @@ func TestEnsureCommands(t *testing.T) {
 		{name: "not root", rules: []rule{{prefix: "ip link add", err: failed("RTNETLINK answers: Operation not permitted")}},
 			want: base[:1], wantErr: "creating bridge swb3 for cluster c1: x: RTNETLINK answers: Operation not permitted: run as root (needs CAP_NET_ADMIN)"},
 		{name: "no nft", rules: []rule{{prefix: "nft", err: &exec.Error{Name: "nft", Err: exec.ErrNotFound}}},
-			want: base[:5], wantErr: "apt-get install nftables"},
+			want: base[:6], wantErr: "apt-get install nftables"},
 		{name: "kernel lacks nat", rules: []rule{{prefix: "nft", err: failed("Error: Could not process rule: No such file or directory")}},
-			want: base[:5], wantErr: "modprobe"},
+			want: base[:6], wantErr: "modprobe"},
+		// The host's networks are walled off: no table without them.
+		{name: "ip without JSON", rules: []rule{{prefix: "ip -j", err: failed(`Option "-j" is unknown, try "ip -help".`)}},
+			want: base[:5], wantErr: "listing the host's addresses"},
+		{name: "ip JSON unreadable", rules: []rule{{prefix: "ip -j", out: "{"}},
+			want: base[:5], wantErr: "reading `ip -j -4 addr show`"},
 		{name: "docker host", rules: []rule{{prefix: "iptables -w -S", out: "-N DOCKER-USER\n"}, {prefix: "iptables -w -C", err: failed("Bad rule")}, {prefix: "iptables -w -I"}},
 			want: docker(
 				"iptables -w -C DOCKER-USER -i swb3 -m comment --comment socialweb-3 -j ACCEPT",
@@ -105,7 +117,7 @@ func TestEnsureCommands(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRecorder(tc.rules...)
-			err := NewManager(r, nil).Ensure(context.Background(), "c1", plan(t, 3))
+			err := NewManager(r, nil).Ensure(context.Background(), "c1", plan(t, 3), testServed())
 			switch {
 			case tc.wantErr == "" && err != nil:
 				t.Fatalf("Ensure: %v", err)
@@ -113,14 +125,55 @@ func TestEnsureCommands(t *testing.T) {
 				t.Fatalf("Ensure error = %v, want one containing %q", err, tc.wantErr)
 			}
 			sameCalls(t, r.calls, tc.want)
-			if slices.Contains(r.calls, "nft -f -") && r.stdin["nft -f -"] != Ruleset("c1", plan(t, 3)) {
+			if slices.Contains(r.calls, "nft -f -") && r.stdin["nft -f -"] != Ruleset("c1", plan(t, 3), testServed(), EgressPolicy{}, sampleHostNets(t)) {
 				t.Errorf("nft got script:\n%s", r.stdin["nft -f -"])
 			}
 		})
 	}
-	if err := NewManager(newRecorder(), nil).Ensure(context.Background(), "c1", Plan{Index: 3}); err == nil {
-		t.Error("Ensure accepted a plan not made by ForIndex")
+	for _, bad := range []struct {
+		name   string
+		plan   Plan
+		served Served
+		egress EgressPolicy
+	}{
+		{"a plan not made by ForIndex", Plan{Index: 3}, testServed(), EgressPolicy{}},
+		{"no apiserver port", plan(t, 3), Served{Registry: 5000}, EgressPolicy{}},
+		{"a port past 65535", plan(t, 3), Served{APIServer: 70000}, EgressPolicy{}},
+		{"an egress mode ParseEgress refuses", plan(t, 3), testServed(), EgressPolicy{Mode: "lan"}},
+		{"an IPv6 range", plan(t, 3), testServed(), EgressPolicy{Allow: []netip.Prefix{netip.MustParsePrefix("fd00::/8")}}},
+		{"a range with host bits", plan(t, 3), testServed(), EgressPolicy{Deny: []netip.Prefix{netip.MustParsePrefix("10.1.2.3/8")}}},
+	} {
+		r := newRecorder()
+		m := NewManager(r, nil)
+		m.Egress = bad.egress
+		if err := m.Ensure(context.Background(), "c1", bad.plan, bad.served); err == nil {
+			t.Errorf("Ensure accepted %s", bad.name)
+		}
+		sameCalls(t, r.calls, nil) // refused before anything is made
 	}
+}
+
+// testServed is a cluster's gateway services: its apiserver on its leased
+// port and the registry.
+func testServed() Served { return Served{APIServer: 7501, Registry: 5000} }
+
+// sampleAddrs is `ip -j -4 addr show` on a host with a LAN, Docker, a
+// cluster bridge and a /32 on a tunnel.
+const sampleAddrs = `[{"ifindex":1,"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"],"mtu":65536,"addr_info":[{"family":"inet","local":"127.0.0.1","prefixlen":8,"scope":"host","label":"lo"}]},` +
+	`{"ifindex":4,"ifname":"eth0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"],"mtu":1500,"addr_info":[{"family":"inet","local":"203.0.113.45","prefixlen":26,"broadcast":"203.0.113.63","scope":"global","label":"eth0"},{"family":"inet","local":"192.168.1.20","prefixlen":24,"scope":"global","secondary":true,"label":"eth0"}]},` +
+	`{"ifindex":5,"ifname":"docker0","flags":["NO-CARRIER","BROADCAST","MULTICAST","UP"],"mtu":1500,"addr_info":[{"family":"inet","local":"172.17.0.1","prefixlen":16,"scope":"global","label":"docker0"}]},` +
+	`{"ifindex":7,"ifname":"swb3","flags":["BROADCAST","MULTICAST","UP"],"mtu":1500,"addr_info":[{"family":"inet","local":"10.250.3.1","prefixlen":24,"scope":"global","label":"swb3"}]},` +
+	`{"ifindex":9,"ifname":"wg0","flags":["POINTOPOINT","NOARP","UP","LOWER_UP"],"mtu":1420,"addr_info":[{"family":"inet","local":"198.18.7.1","prefixlen":32,"scope":"global","label":"wg0"}]},` +
+	`{"ifindex":10,"ifname":"ens5","flags":["BROADCAST","MULTICAST"],"mtu":1500,"addr_info":[]}]
+`
+
+func sampleHostNets(t *testing.T) []netip.Prefix {
+	t.Helper()
+	nets, err := parseHostNetworks(sampleAddrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nets
 }
 
 func TestRuleset(t *testing.T) {
@@ -128,16 +181,38 @@ func TestRuleset(t *testing.T) {
 delete table inet socialweb-3
 table inet socialweb-3 {
 	comment "socialweb cluster team_a_prod network 3 (managed: edits are overwritten)"
+	counter egress_denied {
+		comment "forwarded packets from swb3 the egress policy refused"
+	}
+	counter host_denied {
+		comment "packets from swb3 to the host on no port it serves the cluster"
+	}
+	set egress_deny {
+		type ipv4_addr
+		flags interval
+	}
+	set egress_allow {
+		type ipv4_addr
+		flags interval
+	}
+	set egress_walled {
+		type ipv4_addr
+		flags interval
+		elements = { 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12, 192.168.0.0/16, 198.18.7.1/32, 203.0.113.0/26, 224.0.0.0/4, 240.0.0.0/4 }
+	}
 	chain forward {
 		type filter hook forward priority filter - 10; policy accept;
 		iifname "swb3" meta nfproto ipv6 drop
 		oifname "swb3" meta nfproto ipv6 drop
 		iifname "swb3" oifname "swb3" accept
-		iifname "swb3" oifname "swb*" drop
+		iifname "swb3" oifname "swb*" counter name "egress_denied" drop
 		oifname "swb3" iifname "swb*" drop
 		iifname "swb3" ip daddr 10.251.0.0/16 meta l4proto tcp reject with tcp reset
 		iifname "swb3" ip daddr 10.251.0.0/16 reject with icmpx admin-prohibited
 		iifname "swb3" tcp flags & (syn | rst) == syn tcp option maxseg size set rt mtu
+		iifname "swb3" ip daddr @egress_deny counter name "egress_denied" reject with icmpx admin-prohibited
+		iifname "swb3" ip daddr @egress_allow accept
+		iifname "swb3" ip daddr @egress_walled counter name "egress_denied" reject with icmpx admin-prohibited
 		iifname "swb3" accept
 		oifname "swb3" ct state established,related accept
 		oifname "swb3" drop
@@ -145,7 +220,12 @@ table inet socialweb-3 {
 	chain input {
 		type filter hook input priority filter - 10; policy accept;
 		iifname "swb3" meta nfproto ipv6 drop
-		iifname "swb3" ip daddr != 10.250.3.0/24 drop
+		iifname "swb3" ct state established,related accept
+		iifname "swb3" ip daddr 10.250.3.1 tcp dport { 53, 5000, 7501 } accept
+		iifname "swb3" ip daddr 10.250.3.1 udp dport 53 accept
+		iifname "swb3" ip daddr 10.250.3.1 icmp type { echo-request, destination-unreachable, time-exceeded, parameter-problem } accept
+		iifname "swb3" meta pkttype { broadcast, multicast } drop
+		iifname "swb3" counter name "host_denied" drop
 	}
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
@@ -154,14 +234,18 @@ table inet socialweb-3 {
 }
 `
 	// The cluster name lands in a quoted comment: quotes and the like must not.
-	if got := Ruleset(`team a"prod`, plan(t, 3)); got != want {
+	// The host's networks: the LAN's /24 and Docker's /16 lie in walled ranges
+	// already, the public uplink's /26 and the tunnel's /32 are added, the
+	// cluster bridge is not the host's network.
+	if got := Ruleset(`team a"prod`, plan(t, 3), testServed(), EgressPolicy{}, sampleHostNets(t)); got != want {
 		t.Errorf("ruleset:\n%s\nwant:\n%s", got, want)
 	}
 	// Every index's rules name only its own bridge and ranges.
 	for i := 1; i <= MaxIndex; i++ {
 		p := plan(t, i)
-		rs := Ruleset("c", p)
-		for _, must := range []string{`"` + BridgeName(i) + `"`, p.NodeCIDR.String(), p.PodCIDR.String(), "socialweb-" + itoa(i) + " {"} {
+		rs := Ruleset("c", p, testServed(), EgressPolicy{}, nil)
+		for _, must := range []string{`"` + BridgeName(i) + `"`, p.NodeCIDR.String(), p.PodCIDR.String(), "socialweb-" + itoa(i) + " {",
+			"ip daddr " + p.Gateway.String() + " tcp dport"} {
 			if !strings.Contains(rs, must) {
 				t.Fatalf("index %d ruleset lacks %s", i, must)
 			}
@@ -169,6 +253,193 @@ table inet socialweb-3 {
 		if strings.Count(rs, `"swb`) != strings.Count(rs, `"`+BridgeName(i)+`"`)+2 { // +2: the "swb*" wildcards
 			t.Fatalf("index %d ruleset names another bridge:\n%s", i, rs)
 		}
+	}
+}
+
+// The policy variants change only the egress sets, the forward chain's last
+// verdicts and the gateway's ports.
+func TestRulesetPolicies(t *testing.T) {
+	pfx := func(ss ...string) []netip.Prefix {
+		var ps []netip.Prefix
+		for _, s := range ss {
+			ps = append(ps, netip.MustParsePrefix(s))
+		}
+		return ps
+	}
+	const (
+		deny   = `iifname "swb3" ip daddr @egress_deny counter name "egress_denied" reject with icmpx admin-prohibited`
+		allow  = `iifname "swb3" ip daddr @egress_allow accept`
+		walled = `iifname "swb3" ip daddr @egress_walled counter name "egress_denied" reject with icmpx admin-prohibited`
+		open   = `iifname "swb3" accept`
+		closed = `iifname "swb3" counter name "egress_denied" reject with icmpx admin-prohibited`
+	)
+	for _, tc := range []struct {
+		name     string
+		served   Served
+		egress   EgressPolicy
+		hostNets []netip.Prefix
+		want     []string // lines, in this order
+		wantNot  []string
+	}{
+		{name: "default: the internet", served: testServed(),
+			want:    []string{deny, allow, walled, open, "tcp dport { 53, 5000, 7501 } accept", "udp dport 53 accept"},
+			wantNot: []string{closed, "elements = { 192.168.5.0/24 }"}},
+		{name: "internet said", served: testServed(), egress: EgressPolicy{Mode: EgressInternet},
+			want: []string{deny, allow, walled, open}, wantNot: []string{closed}},
+		{name: "none: nothing forwarded", served: testServed(), egress: EgressPolicy{Mode: EgressNone},
+			want: []string{deny, allow, closed, "oifname \"swb3\" ct state established,related accept"}, wantNot: []string{walled, "\t\t" + open + "\n"}},
+		{name: "none with an allowed registry", served: testServed(), egress: EgressPolicy{Mode: EgressNone, Allow: pfx("192.168.5.0/24")},
+			want: []string{"set egress_allow {\n\t\ttype ipv4_addr\n\t\tflags interval\n\t\telements = { 192.168.5.0/24 }\n\t}", deny, allow, closed}},
+		{name: "allow and deny, merged and sorted", served: testServed(),
+			egress: EgressPolicy{Allow: pfx("192.168.5.0/24", "10.20.0.0/16", "10.20.3.0/24"), Deny: pfx("8.8.8.8/32", "1.1.1.0/24", "8.8.0.0/16")},
+			want: []string{"set egress_deny {\n\t\ttype ipv4_addr\n\t\tflags interval\n\t\telements = { 1.1.1.0/24, 8.8.0.0/16 }",
+				"set egress_allow {\n\t\ttype ipv4_addr\n\t\tflags interval\n\t\telements = { 10.20.0.0/16, 192.168.5.0/24 }", deny, allow, walled, open}},
+		{name: "host networks walled beside the built-in ranges", served: testServed(), hostNets: pfx("192.0.2.0/24", "10.9.0.0/16", "198.51.100.7/32"),
+			want: []string{"elements = { 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12, 192.0.2.0/24, 192.168.0.0/16, 198.51.100.7/32, 224.0.0.0/4, 240.0.0.0/4 }"}},
+		{name: "no registry", served: Served{APIServer: 7501},
+			want: []string{"tcp dport { 53, 7501 } accept"}, wantNot: []string{"5000"}},
+		{name: "an apiserver port below DNS's and the registry's, each once", served: Served{APIServer: 53, Registry: 5000},
+			want: []string{"tcp dport { 53, 5000 } accept"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := Ruleset("c1", plan(t, 3), tc.served, tc.egress, tc.hostNets)
+			at := 0
+			for _, w := range tc.want {
+				i := strings.Index(rs[at:], w)
+				if i < 0 {
+					t.Fatalf("ruleset lacks (after byte %d) %q:\n%s", at, w, rs)
+				}
+				at += i + len(w)
+			}
+			for _, w := range tc.wantNot {
+				if strings.Contains(rs, w) {
+					t.Errorf("ruleset has %q:\n%s", w, rs)
+				}
+			}
+			// Whatever the policy: the cluster's own traffic is accepted before any
+			// egress verdict, and the host's input ends in the counted drop.
+			if i, j := strings.Index(rs, `iifname "swb3" oifname "swb3" accept`), strings.Index(rs, deny); i < 0 || j < i {
+				t.Errorf("own-bridge accept missing or after the egress verdicts:\n%s", rs)
+			}
+			if !strings.Contains(rs, "iifname \"swb3\" counter name \"host_denied\" drop\n\t}\n\tchain postrouting") {
+				t.Errorf("input chain does not end in the counted drop:\n%s", rs)
+			}
+		})
+	}
+}
+
+func TestParseEgress(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Egress
+		err  string
+	}{
+		{"internet", EgressInternet, ""},
+		{"none", EgressNone, ""},
+		{"", EgressInternet, ""}, // the zero value is the default
+		{" none", "", `" none": want internet`},
+		{"Internet", "", "want internet"},
+		{"lan", "", "or none"},
+	} {
+		got, err := ParseEgress(tc.in)
+		if got != tc.want || (err == nil) != (tc.err == "") || err != nil && !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("ParseEgress(%q) = %q, %v; want %q, %q", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}
+
+func TestParsePrefixes(t *testing.T) {
+	for _, tc := range []struct {
+		in   []string
+		want string // joined
+		err  string
+	}{
+		{nil, "", ""},
+		{[]string{"192.168.10.0/24", " 10.0.0.0/8"}, "192.168.10.0/24, 10.0.0.0/8", ""},
+		{[]string{"203.0.113.9/32"}, "203.0.113.9/32", ""},
+		{[]string{"0.0.0.0/0"}, "0.0.0.0/0", ""},
+		{[]string{"10.1.2.3/8"}, "", `"10.1.2.3/8" has bits set past its length: want 10.0.0.0/8`},
+		{[]string{"10.1.2.3"}, "", `"10.1.2.3" has no length: want 10.1.2.3/32`},
+		{[]string{"fd00::/8"}, "", "IPv4 only"},
+		{[]string{"10.0.0.0/33"}, "", "not a CIDR: want ADDRESS/BITS"},
+		{[]string{"registry.lan"}, "", "not a CIDR"},
+		{[]string{"10.0.0.0/8", ""}, "", "an empty entry"},
+	} {
+		got, err := ParsePrefixes(tc.in)
+		if (err == nil) != (tc.err == "") || err != nil && !strings.Contains(err.Error(), tc.err) || err == nil && joinPrefixes(got) != tc.want {
+			t.Errorf("ParsePrefixes(%q) = %v, %v; want %q, %q", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}
+
+func TestParseHostNetworks(t *testing.T) {
+	got := joinPrefixes(sampleHostNets(t))
+	// Sorted, each subnet once, the cluster bridge left out.
+	if want := "127.0.0.0/8, 172.17.0.0/16, 192.168.1.0/24, 198.18.7.1/32, 203.0.113.0/26"; got != want {
+		t.Errorf("host networks %s, want %s", got, want)
+	}
+	for _, bad := range []string{"", "{", `[{"ifname":"eth0","addr_info":[{"family":"inet","local":"192.0.2.1","prefixlen":40}]}]`} {
+		if _, err := parseHostNetworks(bad); err == nil {
+			t.Errorf("parseHostNetworks(%q) accepted", bad)
+		}
+	}
+	r := newRecorder(rule{prefix: "ip -j", err: &exec.Error{Name: "ip", Err: exec.ErrNotFound}})
+	if _, err := NewManager(r, nil).HostNetworks(context.Background()); err == nil || !strings.Contains(err.Error(), "iproute2") {
+		t.Errorf("HostNetworks without ip: %v", err)
+	}
+}
+
+func TestDeniedCounters(t *testing.T) {
+	out := `{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}},
+{"counter": {"family": "inet", "name": "egress_denied", "table": "socialweb-3", "handle": 4, "packets": 7, "bytes": 420}},
+{"counter": {"family": "inet", "name": "host_denied", "table": "socialweb-3", "handle": 5, "packets": 2, "bytes": 120}},
+{"counter": {"family": "inet", "name": "egress_denied", "table": "socialweb-31", "handle": 4, "packets": 0, "bytes": 0}},
+{"counter": {"family": "inet", "name": "other", "table": "socialweb-3", "handle": 6, "packets": 9, "bytes": 9}},
+{"counter": {"family": "ip", "name": "egress_denied", "table": "socialweb-4", "handle": 1, "packets": 9, "bytes": 9}},
+{"counter": {"family": "inet", "name": "egress_denied", "table": "filter", "handle": 1, "packets": 9, "bytes": 9}}]}`
+	r := newRecorder(rule{prefix: "nft -j list counters", out: out})
+	m := NewManager(r, nil)
+	got, err := m.DeniedCounters(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int]map[string]uint64{3: {"egress": 7, "host": 2}, 31: {"egress": 0}}
+	if len(got) != len(want) || got[3]["egress"] != 7 || got[3]["host"] != 2 || len(got[3]) != 2 || len(got[31]) != 1 {
+		t.Errorf("counters %v, want %v", got, want)
+	}
+	sameCalls(t, r.calls, []string{"nft -j list counters"})
+
+	// The metrics name only clusters this Manager ensured.
+	if err := m.Ensure(context.Background(), "c1", plan(t, 3), testServed()); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m.Collector())
+	const wantText = `
+# HELP socialweb_node_network_denied_packets_total Packets from a cluster's bridge its walls refused: wall=host (to the host, on no port it serves the cluster) or wall=egress (forwarded, where the egress policy does not let them go). Reset when the cluster's network is ensured again (each start of its control plane).
+# TYPE socialweb_node_network_denied_packets_total counter
+socialweb_node_network_denied_packets_total{cluster="c1",wall="egress"} 7
+socialweb_node_network_denied_packets_total{cluster="c1",wall="host"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(wantText)); err != nil {
+		t.Error(err)
+	}
+	// Removed: no longer reported. A failing nft fails no scrape.
+	if err := m.Remove(context.Background(), "c1", plan(t, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 0 {
+		t.Errorf("after Remove: %d metrics, %v", n, err)
+	}
+	r = newRecorder(rule{prefix: "nft -j", err: failed("Error: Could not process rule: Operation not permitted")})
+	m = NewManager(r, nil)
+	if err := m.Ensure(context.Background(), "c1", plan(t, 3), testServed()); err != nil {
+		t.Fatal(err)
+	}
+	reg = prometheus.NewPedanticRegistry()
+	reg.MustRegister(m.Collector())
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != 0 {
+		t.Errorf("with nft failing: %d metrics, %v", n, err)
 	}
 }
 

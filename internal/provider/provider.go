@@ -92,7 +92,9 @@ type Config struct {
 // Networks is the part of nodenet.Manager the provider uses.
 type Networks interface {
 	// Ensure creates the cluster's bridge, addresses and rules; idempotent.
-	Ensure(ctx context.Context, cluster string, plan nodenet.Plan) error
+	// served are the ports the host serves the cluster's nodes on its gateway,
+	// the only ones they may open there.
+	Ensure(ctx context.Context, cluster string, plan nodenet.Plan, served nodenet.Served) error
 	// Remove deletes them; removing what is gone is not an error.
 	Remove(ctx context.Context, cluster string, plan nodenet.Plan) error
 }
@@ -751,7 +753,9 @@ func (p *Provider) ensureNetwork(ctx context.Context, cluster string, l lease.Le
 	if err != nil {
 		return err
 	}
-	return p.cfg.NodeNetworks.Ensure(ctx, cluster, plan)
+	// Nodes dial the apiserver on the gateway at the cluster's leased port
+	// (join.Minter.APIServer) and the registry at RegistryPort.
+	return p.cfg.NodeNetworks.Ensure(ctx, cluster, plan, nodenet.Served{APIServer: l.Port, Registry: nodeservice.RegistryPort})
 }
 
 // removeNetwork deletes the cluster's node network (bridge, addresses, rules),

@@ -14,6 +14,7 @@ import (
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/lease"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
+	"github.com/socialweb-computer/socialweb/internal/nodeservice"
 	"github.com/socialweb-computer/socialweb/internal/sleep"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
 )
@@ -58,11 +59,29 @@ func TestObserveSleep(t *testing.T) {
 }
 
 // recordingNetworks records the node networks made and removed.
-type recordingNetworks struct{ ensured, removed []int }
+type recordingNetworks struct {
+	ensured, removed []int
+	served           []nodenet.Served
+}
 
-func (r *recordingNetworks) Ensure(_ context.Context, _ string, plan nodenet.Plan) error {
+func (r *recordingNetworks) Ensure(_ context.Context, _ string, plan nodenet.Plan, served nodenet.Served) error {
 	r.ensured = append(r.ensured, plan.Index)
+	r.served = append(r.served, served)
 	return nil
+}
+
+// A cluster's network opens to its nodes its apiserver on the leased port and
+// the registry: the ports its nodes are told to dial on the gateway.
+func TestEnsureNetworkServesTheLease(t *testing.T) {
+	nets := &recordingNetworks{}
+	p := &Provider{cfg: Config{NodeNetworks: nets}}
+	if err := p.ensureNetwork(context.Background(), "c", lease.Lease{Port: 7512, Network: 5}); err != nil {
+		t.Fatal(err)
+	}
+	want := nodenet.Served{APIServer: 7512, Registry: nodeservice.RegistryPort}
+	if !slices.Equal(nets.ensured, []int{5}) || len(nets.served) != 1 || nets.served[0] != want {
+		t.Errorf("ensured %v serving %+v, want network 5 serving %+v", nets.ensured, nets.served, want)
+	}
 }
 
 func (r *recordingNetworks) Remove(_ context.Context, _ string, plan nodenet.Plan) error {

@@ -125,7 +125,7 @@ func TestLiveLayerShare(t *testing.T) {
 		t.Logf("prepared %s: %d files in %s", r.Digest[:19], r.Files, time.Since(t0).Round(time.Millisecond))
 	}
 
-	mgr, plan := liveNetwork(ctx, t, layersIndex)
+	mgr, plan := liveNetwork(ctx, t, layersIndex, 1) // the joiner's apiserver below
 	stateDir := filepath.Join(tmp, "state")
 	t.Cleanup(func() { killLeftovers(t, stateDir) })
 	cfg := Config{StateDir: stateDir, ImageDir: image, StopGrace: 2 * time.Second, Accel: AccelTCG, TCGCacheMiB: 128,

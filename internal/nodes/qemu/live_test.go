@@ -66,8 +66,8 @@ type gatewayListener struct {
 	names []string
 }
 
-func listenOnGateway(t *testing.T, gw net.IP) *gatewayListener {
-	l, err := net.Listen("tcp", net.JoinHostPort(gw.String(), "0"))
+func listenOnGateway(t *testing.T, gw net.IP, port int) *gatewayListener {
+	l, err := net.Listen("tcp", net.JoinHostPort(gw.String(), strconv.Itoa(port)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,8 +182,10 @@ func TestLive(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 
-	mgr, plan := liveNetwork(ctx, t, liveIndex)
-	gw := listenOnGateway(t, plan.Gateway)
+	// The nodes' "API server": the gateway walls off every other port.
+	apiPort := livetest.FreePort(t)
+	mgr, plan := liveNetwork(ctx, t, liveIndex, apiPort)
+	gw := listenOnGateway(t, plan.Gateway, apiPort)
 
 	stateDir := filepath.Join(tmp, "state")
 	t.Cleanup(func() { killLeftovers(t, stateDir) })
@@ -360,8 +362,9 @@ func TestLive(t *testing.T) {
 
 // liveNetwork makes the test cluster's bridge and nftables at network index on this host
 // (refusing an index already in use: a leftover of an earlier run) and removes them, and
-// restores ip_forward, when the test ends.
-func liveNetwork(ctx context.Context, t *testing.T, index int) (*nodenet.Manager, nodenet.Plan) {
+// restores ip_forward, when the test ends. apiPort is the only port besides DNS and the
+// registry its nodes may open on the gateway.
+func liveNetwork(ctx context.Context, t *testing.T, index, apiPort int) (*nodenet.Manager, nodenet.Plan) {
 	t.Helper()
 	mgr := nodenet.NewManager(nil, nil)
 	owned, err := mgr.List(ctx)
@@ -383,7 +386,7 @@ func liveNetwork(ctx context.Context, t *testing.T, index int) (*nodenet.Manager
 			t.Errorf("removing the test network: %v", err)
 		}
 	})
-	if err := mgr.Ensure(ctx, liveCluster, plan); err != nil {
+	if err := mgr.Ensure(ctx, liveCluster, plan, nodenet.Served{APIServer: apiPort, Registry: 5000}); err != nil {
 		t.Fatal(err)
 	}
 	return mgr, plan

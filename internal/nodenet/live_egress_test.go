@@ -1,0 +1,250 @@
+package nodenet
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/socialweb-computer/socialweb/internal/livetest"
+)
+
+// The egress live test's stand-ins, all on this machine: a node on the cluster bridge,
+// and behind veths routed from the host a LAN, a cloud metadata server, a network of the
+// host's own with a public-looking address, and the internet. Its names and ranges are
+// apart from TestLiveStandInGuests', so the two may run at once (from two checkouts).
+const (
+	egressIndex = 194
+	lanHost     = "192.168.251.1" // the host on the LAN stand-in (a /24, connected)
+	lanIP       = "192.168.251.2"
+	metaHost    = "169.254.169.1"
+	metaIP      = "169.254.169.254"
+	hostNetHost = "198.18.251.1" // a connected /24 of the host's, not in a walled range
+	hostNetIP   = "198.18.251.2"
+	inetHost    = "203.0.113.1" // a /32 and a route, as an uplink's far side looks (TEST-NET-3)
+	inetIP      = "203.0.113.2"
+)
+
+// egressState is what TestLiveEgressWalls could leave on the host: its interfaces,
+// addresses, routes, table and namespaces.
+func egressState(t *testing.T) string {
+	t.Helper()
+	ours := regexp.MustCompile(`swb194\b|swe194|swe-|socialweb-194\b|10\.250\.194\.|192\.168\.251\.|169\.254\.169\.|198\.18\.251\.|203\.0\.113\.`)
+	var b strings.Builder
+	for _, cmd := range [][]string{{"ip", "-o", "link"}, {"ip", "-o", "addr"}, {"ip", "route"}, {"nft", "list", "tables"}, {"ip", "netns", "list"}} {
+		fmt.Fprintf(&b, "## %s\n", strings.Join(cmd, " "))
+		for _, l := range strings.Split(sh(t, cmd...), "\n") {
+			if ours.MatchString(l) {
+				b.WriteString(l + "\n")
+			}
+		}
+	}
+	return b.String()
+}
+
+// TestLiveEgressWalls attacks a cluster's walls from a stand-in node on its bridge: the
+// host answers only what it serves the cluster on the gateway, and forwarded traffic
+// reaches the internet but not link-local, private or the host's own networks, unless
+// the operator's policy says otherwise; what is refused is counted.
+func TestLiveEgressWalls(t *testing.T) {
+	requireLive(t)
+	ctx := context.Background()
+	pe := plan(t, egressIndex)
+	log := slog.New(slog.NewTextHandler(t.Output(), nil))
+	manager := func(e EgressPolicy) *Manager {
+		m := NewManager(nil, log)
+		m.Egress = e
+		return m
+	}
+	m := manager(EgressPolicy{})
+
+	// Refuse to run over anything we did not make.
+	owned, err := m.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range owned.Indexes() {
+		if i == egressIndex {
+			t.Fatalf("network index %d is in use on this host (%+v): a leftover of an earlier run? remove it with Manager.Remove (or ip link del swb%d; nft delete table inet socialweb-%d)", i, owned, i, i)
+		}
+	}
+	before := egressState(t)
+	if before != "## ip -o link\n## ip -o addr\n## ip route\n## nft list tables\n## ip netns list\n" {
+		t.Fatalf("this host already has what the test would make (an earlier run's leftovers, or a network of its own in the test's ranges):\n%s", before)
+	}
+	fwd, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.WriteFile("/proc/sys/net/ipv4/ip_forward", fwd, 0o644) })
+	t.Cleanup(func() { m.Remove(ctx, "egress", pe) })
+
+	// The networks beyond the bridge exist before Ensure: the host's own networks are
+	// read when the rules are applied.
+	standIn(t, "swe-lan", "swe194l", "", lanHost+"/24", lanIP+"/24", lanHost)
+	standIn(t, "swe-meta", "swe194m", "", metaHost+"/24", metaIP+"/24", metaHost)
+	standIn(t, "swe-hnet", "swe194h", "", hostNetHost+"/24", hostNetIP+"/24", hostNetHost)
+	standIn(t, "swe-inet", "swe194i", "", inetHost+"/32", inetIP+"/24", inetHost)
+	sh(t, "ip", "route", "add", "203.0.113.0/24", "dev", "swe194i", "src", inetHost)
+
+	apiPort, regPort, otherPort := livetest.FreePort(t), livetest.FreePort(t), livetest.FreePort(t)
+	for apiPort == regPort || otherPort == apiPort || otherPort == regPort {
+		regPort, otherPort = livetest.FreePort(t), livetest.FreePort(t)
+	}
+	served := Served{APIServer: apiPort, Registry: regPort}
+	if err := m.Ensure(ctx, "egress", pe, served); err != nil {
+		t.Fatal(err)
+	}
+	gw, node := pe.Gateway.String(), NodeAddress(pe, 11).String()
+	standIn(t, "swe-node", "swe194n", BridgeName(egressIndex), "", node+"/24", gw)
+	for _, dst := range []string{gw, lanHost, lanIP, metaIP, hostNetIP, inetIP} {
+		out := sh(t, "ip", "route", "get", dst)
+		if !regexp.MustCompile(`^local |dev (swb194|swe194[lmhi]) `).MatchString(out) {
+			t.Fatalf("refusing to send test traffic to %s: the host routes it %q, not to a test interface", dst, strings.TrimSpace(out))
+		}
+	}
+
+	// The host's services: the cluster's two on its gateway, and one on every address
+	// (sshd, postgres, the front door, say) that the node must not reach.
+	peerServer(t, "", net.JoinHostPort(gw, strconv.Itoa(apiPort)))
+	peerServer(t, "", net.JoinHostPort(gw, strconv.Itoa(regPort)))
+	peerServer(t, "", net.JoinHostPort("0.0.0.0", strconv.Itoa(otherPort)))
+	peerServer(t, "swe-lan", lanIP+":8080")
+	peerServer(t, "swe-meta", metaIP+":80")
+	peerServer(t, "swe-hnet", hostNetIP+":8080")
+	peerServer(t, "swe-inet", inetIP+":8080")
+
+	const yes, no = 3 * time.Second, time.Second
+	reach := func(what, addr, wantPeer string) {
+		t.Helper()
+		got, err := dialFrom("swe-node", addr, yes)
+		if err != nil || got != wantPeer {
+			t.Errorf("%s: got %q, %v; want the server at %s to see %s", what, got, err, addr, wantPeer)
+		}
+	}
+	// walled: the egress wall refuses at once (ICMP admin-prohibited: no route to
+	// host); the host's wall drops (the dial times out).
+	type attempt struct{ what, addr, wantErr string }
+	blocked := func(as ...attempt) {
+		t.Helper()
+		var wg sync.WaitGroup
+		for _, a := range as {
+			wg.Go(func() {
+				got, err := dialFrom("swe-node", a.addr, no)
+				switch {
+				case err == nil:
+					t.Errorf("%s: TCP %s connected (server saw %q)", a.what, a.addr, got)
+				case !strings.Contains(err.Error(), a.wantErr):
+					t.Errorf("%s: TCP %s: %v, want %q", a.what, a.addr, err, a.wantErr)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	const refused, dropped = "no route to host", "i/o timeout"
+	denied := func(phase string, wantEgress, wantHost uint64) {
+		t.Helper()
+		c, err := m.DeniedCounters(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := c[egressIndex]
+		t.Logf("%s: denied %v", phase, got)
+		if got["egress"] < wantEgress || got["host"] < wantHost {
+			t.Errorf("%s: counters %v, want egress >= %d and host >= %d", phase, got, wantEgress, wantHost)
+		}
+	}
+	ensure := func(e EgressPolicy) {
+		t.Helper()
+		m = manager(e)
+		if err := m.Ensure(ctx, "egress", pe, served); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := strconv.Itoa(otherPort)
+	lan, meta, hostNet, inet := lanIP+":8080", metaIP+":80", hostNetIP+":8080", inetIP+":8080"
+
+	// The default policy: the internet.
+	denied("fresh", 0, 0)
+	reach("(b) the apiserver on the gateway", net.JoinHostPort(gw, strconv.Itoa(apiPort)), node)
+	reach("(b) the registry on the gateway", net.JoinHostPort(gw, strconv.Itoa(regPort)), node)
+	if err := ping("swe-node", gw, yes); err != nil {
+		t.Errorf("the node pings its gateway: %v", err)
+	}
+	reach("(e) the internet, masqueraded", inet, inetHost)
+	blocked(
+		attempt{"(a) a host service on 0.0.0.0, at the gateway", net.JoinHostPort(gw, other), dropped},
+		attempt{"(a) a host service on 0.0.0.0, at the host's LAN address", net.JoinHostPort(lanHost, other), dropped},
+		attempt{"(c) the LAN", lan, refused},
+		attempt{"(d) the metadata address", meta, refused},
+		attempt{"a network of the host's own, public-looking", hostNet, refused},
+	)
+	denied("internet", 3, 2)
+
+	// none: nothing forwarded; the gateway's services stay.
+	ensure(EgressPolicy{Mode: EgressNone})
+	reach("none: the apiserver on the gateway", net.JoinHostPort(gw, strconv.Itoa(apiPort)), node)
+	blocked(
+		attempt{"(e) none: the internet", inet, refused},
+		attempt{"none: the LAN", lan, refused},
+		attempt{"none: a host service on 0.0.0.0", net.JoinHostPort(gw, other), dropped},
+	)
+	denied("none", 2, 1)
+
+	// (f) --egress-allow opens the LAN, and nothing more.
+	ensure(EgressPolicy{Allow: []netip.Prefix{netip.MustParsePrefix("192.168.251.0/24")}})
+	reach("(f) allowed: the LAN, masqueraded", lan, lanHost)
+	reach("(f) allowed: still the internet", inet, inetHost)
+	blocked(
+		attempt{"(f) allowed: still not the metadata address", meta, refused},
+		attempt{"(f) allowed: still not a host service on the LAN address", net.JoinHostPort(lanHost, other), dropped},
+	)
+	denied("allow", 1, 1)
+
+	// none with the LAN allowed: an internal registry and nothing else.
+	ensure(EgressPolicy{Mode: EgressNone, Allow: []netip.Prefix{netip.MustParsePrefix("192.168.251.0/24")}})
+	reach("none, LAN allowed: the LAN", lan, lanHost)
+	blocked(attempt{"none, LAN allowed: the internet", inet, refused})
+	denied("none and allow", 1, 0)
+
+	// --egress-deny closes more, and wins over --egress-allow.
+	ensure(EgressPolicy{Allow: []netip.Prefix{netip.MustParsePrefix("192.168.251.0/24")},
+		Deny: []netip.Prefix{netip.MustParsePrefix("192.168.251.2/32"), netip.MustParsePrefix("203.0.113.0/24")}})
+	blocked(
+		attempt{"denied within the allowed LAN", lan, refused},
+		attempt{"the internet, denied", inet, refused},
+	)
+	denied("deny", 2, 0)
+
+	// Tear down: the node, the stand-ins, the cluster (twice); nothing of ours is left.
+	for _, l := range []string{"swe194n", "swe194l", "swe194m", "swe194h", "swe194i"} {
+		shQuiet("ip", "link", "del", l)
+	}
+	for _, ns := range []string{"swe-node", "swe-lan", "swe-meta", "swe-hnet", "swe-inet"} {
+		shQuiet("ip", "netns", "del", ns)
+	}
+	for range 2 {
+		if err := m.Remove(ctx, "egress", pe); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var after string
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if after = egressState(t); after == before || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if after != before {
+		t.Errorf("host state changed.\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
