@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/clienthello"
 )
 
 // DefaultDomain is the SNI domain when none is configured. Names under
@@ -32,10 +33,8 @@ const (
 	// DefaultHelloTimeout bounds the wait for a ClientHello: a client that
 	// connects and sends nothing must not hold a connection for ever.
 	DefaultHelloTimeout = 10 * time.Second
-	// DefaultMaxHello bounds the bytes read before the name is known. A
-	// ClientHello is a few hundred bytes to about 2 KiB (post-quantum key
-	// shares); two full TLS records leave room for any real one.
-	DefaultMaxHello = 2 * (16384 + 5)
+	// DefaultMaxHello bounds the bytes read before the name is known.
+	DefaultMaxHello = clienthello.MaxBytes
 	// DefaultDialTimeout bounds the connection to a tenant's loopback port.
 	DefaultDialTimeout = 5 * time.Second
 )
