@@ -80,7 +80,7 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.DurationVar(&o.WarmPoolRefillDelay, "warm-pool-refill-delay", daemon.DefaultWarmPoolRefillDelay, "how long after a node claims a warm-pool VM its replacement starts to boot, 0-1h: under TCG a pool VM's boot and prewarm take CPU that the claimed nodes' starts also need (five claims at once on a 2-core TCG host showed no difference between 30s and 10m, docs/benchmarks.md); 0 boots the replacement at once")
 	f.StringVar(&o.MetricsAddress, "metrics-address", "127.0.0.1:7080", `Prometheus /metrics listen address ("" disables)`)
 	f.StringVar(&o.FrontDoor, "front-door", "", `HOST:PORT of one TLS listener that carries every tenant, routed by SNI NAME.<--front-door-domain> and passed through (the door holds no tenant key); kubeconfigs then name it; "" (off) leaves each tenant on its own loopback port only`)
-	f.StringVar(&o.FrontDoorDomain, "front-door-domain", frontdoor.DefaultDomain, "DNS domain of the front door's names: cluster NAME is NAME.DOMAIN, which its serving certificate includes")
+	f.StringVar(&o.FrontDoorDomain, "front-door-domain", frontdoor.DefaultDomain, "DNS domain of cluster names, with or without the front door: cluster NAME is NAME.DOMAIN, which its serving certificate includes and its kubeconfigs send as TLS server name")
 	f.Int32Var(&o.Defaults.MaxNodes, "default-max-nodes", 5, "max worker nodes of a cluster that does not say")
 	f.DurationVar(&o.Defaults.Hold, "default-hold", time.Minute, "idle time before a node is removed, for a cluster that does not say")
 	f.Int32Var(&o.Defaults.NodeCPUs, "default-node-cpus", 1, "vCPUs of the smallest worker node, for a cluster that does not say")

@@ -88,7 +88,8 @@ type Options struct {
 	// FrontDoor is host:port of the one listener every tenant is reached
 	// through, by SNI; empty leaves each tenant on its own loopback port only.
 	FrontDoor string
-	// FrontDoorDomain: cluster NAME is reached through the door as NAME.FrontDoorDomain.
+	// FrontDoorDomain: cluster NAME is NAME.FrontDoorDomain, the TLS server
+	// name its clients send through the door or to its own port.
 	FrontDoorDomain string
 	Executable      string
 	Defaults        provider.Defaults
@@ -371,6 +372,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		Defaults:     v.Defaults,
 		Env:          v.ControlPlaneEnv,
 		FrontDoor:    door,
+		Domain:       v.FrontDoorDomain,
 	}, log.With("component", "provider"), dyn, kube, v.store, sup)
 	reg.MustRegister(prov.Collector())
 	reg.MustRegister(prov.SleepCollectors()...)

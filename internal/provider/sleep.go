@@ -131,6 +131,16 @@ func (p *Provider) goToSleep(ctx context.Context, c *v1.Cluster, l lease.Lease) 
 	if err := p.leases.ReleaseNetwork(ctx, c.Name); err != nil {
 		return fmt.Errorf("giving back the node network: %w", err)
 	}
+	// A cluster asleep since an earlier daemon is prepared again only at its
+	// wake, which its admin kubeconfig must be able to cause: it gets one that
+	// names it now (its serving certificate gets the name at the wake, before
+	// the apiserver answers).
+	if !p.isPrepared(c.Name) {
+		paths := pki.PathsFor(filepath.Join(ClusterDir(p.cfg.StateDir, c.Name), "pki"))
+		if err := p.writeAdminKubeconfig(ctx, c, paths, fmt.Sprintf("https://127.0.0.1:%d", l.Port)); err != nil {
+			return fmt.Errorf("writing the admin kubeconfig of the sleeping cluster: %w", err)
+		}
+	}
 	// Usually held since the start; bound only now for a cluster started before
 	// it could sleep (its apiserver held the port itself until it stopped).
 	g, err := p.gateFor(c, l)
