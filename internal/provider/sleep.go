@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
@@ -99,13 +100,15 @@ func (p *Provider) gateFor(c *v1.Cluster, l lease.Lease) (*sleep.Gate, error) {
 	}
 	s = p.sleeperFor(c)
 	if s.gate == nil {
-		g, err := sleep.Listen(c.Name, l.Port, p.log)
+		// It wakes for the name the cluster's kubeconfigs and the door send.
+		g, err := sleep.Listen(c.Name, p.serverName(c.Name), l.Port, p.log)
 		if err != nil {
 			return nil, err
 		}
 		// The apiserver's own certificate: a failed wake is answered with it.
 		paths := pki.PathsFor(filepath.Join(ClusterDir(p.cfg.StateDir, c.Name), "pki"))
 		g.AnswerWith(paths.ServingCert, paths.ServingKey, p.sleepMetrics.FailedWakeAnswers)
+		g.CountRefused(p.sleepMetrics.WakeRefused.MustCurryWith(prometheus.Labels{"cluster": c.Name}))
 		s.gate = g
 	}
 	return s.gate, nil
@@ -201,12 +204,15 @@ func (p *Provider) awake(name string) bool {
 	return true
 }
 
-// forgetSleeper releases a deleted cluster's port.
+// forgetSleeper releases a deleted cluster's port and drops its series.
 func (p *Provider) forgetSleeper(name string) {
 	p.sleepMu.Lock()
 	s := p.sleepers[name]
 	delete(p.sleepers, name)
 	p.sleepMu.Unlock()
+	if p.sleepMetrics != nil {
+		p.sleepMetrics.WakeRefused.DeletePartialMatch(prometheus.Labels{"cluster": name})
+	}
 	if s != nil && s.gate != nil {
 		if err := s.gate.Close(); err != nil {
 			p.log.Warn("releasing the held port", "cluster", name, "err", err)

@@ -2,20 +2,24 @@ package provider
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/clientcmd"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/lease"
+	"github.com/socialweb-computer/socialweb/internal/livetest"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/pki"
 	"github.com/socialweb-computer/socialweb/internal/sleep"
@@ -161,4 +165,26 @@ func TestGoToSleepKeepsOnlyThePort(t *testing.T) {
 	if err != nil || woke.Port != port || woke.Network != 1 {
 		t.Errorf("the wake leased %+v (%v), want port %d and network 1", woke, err, port)
 	}
+
+	// The gate wakes it for its name only: a ClientHello that names nothing
+	// is refused and counted under the cluster; one that names it is held.
+	hello := func(serverName string) error {
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", s.gate.Addr(),
+			&tls.Config{ServerName: serverName, InsecureSkipVerify: true})
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	if err := hello(""); err == nil || !strings.Contains(err.Error(), "unrecognized name") || !s.gate.Listening() {
+		t.Errorf("a hello naming nothing: %v, gate accepting %v; want refused, still accepting", err, s.gate.Listening())
+	}
+	if n := testutil.ToFloat64(p.sleepMetrics.WakeRefused.WithLabelValues("ci", "no_name")); n != 1 {
+		t.Errorf("socialweb_cluster_wake_refused_total{cluster=ci,reason=no_name} = %v, want 1", n)
+	}
+	go hello("ci.tenants.test") // held: no apiserver answers here
+	livetest.Eventually(t, 5*time.Second, 10*time.Millisecond, "a hello naming ci.tenants.test to wake it", func() bool {
+		waking, _ := s.gate.Waking()
+		return waking
+	})
 }
