@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"k8s.io/klog/v2"
 	"log/slog"
 	"os"
@@ -81,6 +82,8 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&o.MetricsAddress, "metrics-address", "127.0.0.1:7080", `Prometheus /metrics listen address ("" disables)`)
 	f.StringVar(&o.FrontDoor, "front-door", "", `HOST:PORT of one TLS listener that carries every tenant, routed by SNI NAME.<--front-door-domain> and passed through (the door holds no tenant key); kubeconfigs then name it; "" (off) leaves each tenant on its own loopback port only`)
 	f.StringVar(&o.FrontDoorDomain, "front-door-domain", frontdoor.DefaultDomain, "DNS domain of cluster names, with or without the front door: cluster NAME is NAME.DOMAIN, which its serving certificate includes and its kubeconfigs send as TLS server name")
+	f.IntVar(&o.FrontDoorMaxConnsPerSource, "front-door-max-conns-per-source", frontdoor.DefaultMaxConnsPerSource, "connections the front door carries at once from one source (an IPv4 address, or an IPv6 /64), 1 to --front-door-max-conns; one more is closed as it is accepted")
+	f.IntVar(&o.FrontDoorMaxConns, "front-door-max-conns", frontdoor.DefaultMaxConns, fmt.Sprintf("connections the front door carries at once from everyone, 1-%d; one more is closed as it is accepted", frontdoor.MaxMaxConns))
 	f.Int32Var(&o.Defaults.MaxNodes, "default-max-nodes", 5, "max worker nodes of a cluster that does not say")
 	f.DurationVar(&o.Defaults.Hold, "default-hold", time.Minute, "idle time before a node is removed, for a cluster that does not say")
 	f.Int32Var(&o.Defaults.NodeCPUs, "default-node-cpus", 1, "vCPUs of the smallest worker node, for a cluster that does not say")

@@ -91,8 +91,12 @@ type Options struct {
 	// FrontDoorDomain: cluster NAME is NAME.FrontDoorDomain, the TLS server
 	// name its clients send through the door or to its own port.
 	FrontDoorDomain string
-	Executable      string
-	Defaults        provider.Defaults
+	// FrontDoorMaxConnsPerSource and FrontDoorMaxConns bound the connections
+	// the door carries at once from one source and from everyone.
+	FrontDoorMaxConnsPerSource int
+	FrontDoorMaxConns          int
+	Executable                 string
+	Defaults                   provider.Defaults
 	// ControlPlaneEnv is added to every control-plane process.
 	ControlPlaneEnv []string
 }
@@ -197,6 +201,13 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	}
 	if err := frontdoor.ValidateDomain(o.FrontDoorDomain); err != nil {
 		return v, fmt.Errorf("--front-door-domain %w", err)
+	}
+	// Checked with the door off too: a bad value is bad input either way.
+	if err := frontdoor.ValidateMaxConns(o.FrontDoorMaxConns); err != nil {
+		return v, fmt.Errorf("--front-door-max-conns %w", err)
+	}
+	if err := frontdoor.ValidateMaxConnsPerSource(o.FrontDoorMaxConnsPerSource, o.FrontDoorMaxConns); err != nil {
+		return v, fmt.Errorf("--front-door-max-conns-per-source %w", err)
 	}
 	if o.FrontDoor != "" {
 		if err := frontdoor.ValidateAddress(o.FrontDoor); err != nil {
@@ -339,7 +350,8 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	if doorListener != nil {
 		// The door looks clusters up in the provider's cache; it serves
 		// once the provider exists.
-		door = frontdoor.New(frontdoor.Config{Address: v.FrontDoor, Domain: v.FrontDoorDomain},
+		door = frontdoor.New(frontdoor.Config{Address: v.FrontDoor, Domain: v.FrontDoorDomain,
+			MaxConnsPerSource: v.FrontDoorMaxConnsPerSource, MaxConns: v.FrontDoorMaxConns},
 			frontdoor.BackendsFunc(func(cluster string) (string, bool) { return prov.Backend(cluster) }),
 			log.With("component", "frontdoor"))
 		reg.MustRegister(door.Collector())

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -38,11 +39,17 @@ type Door struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
+	// clients counts the client connections held, per source (sourceOf)
+	// and in total, against the limits.
+	clients   int
+	perSource map[netip.Addr]int
 }
 
-// New makes a door; cfg must have passed ValidateAddress and ValidateDomain.
+// New makes a door; cfg must have passed ValidateAddress, ValidateDomain
+// and ValidateMaxConns.
 func New(cfg Config, backends Backends, log *slog.Logger) *Door {
-	return &Door{cfg: cfg.withDefaults(), backends: backends, log: log, metrics: newMetrics(), conns: map[net.Conn]struct{}{}}
+	return &Door{cfg: cfg.withDefaults(), backends: backends, log: log, metrics: newMetrics(),
+		conns: map[net.Conn]struct{}{}, perSource: map[netip.Addr]int{}}
 }
 
 // Collector returns the door's Prometheus metrics.
@@ -74,7 +81,62 @@ func (d *Door) Serve(ctx context.Context, l net.Listener) error {
 			}
 			continue
 		}
-		wg.Go(func() { d.handle(ctx, c) })
+		src := sourceOf(c.RemoteAddr())
+		if reason := d.admit(src); reason != "" {
+			// Closed before a byte is read: a flood costs a descriptor
+			// for a moment, and no goroutine.
+			d.metrics.refused.WithLabelValues(reason).Inc()
+			d.log.Debug("front door: refused", "remote", c.RemoteAddr().String(), "reason", reason)
+			c.Close()
+			continue
+		}
+		wg.Go(func() {
+			defer d.leave(src)
+			d.handle(ctx, c)
+		})
+	}
+}
+
+// sourceOf is what a client connection counts against in MaxConnsPerSource:
+// its IPv4 address, or its IPv6 /64 (one host or site usually has a whole
+// /64 and could spread its connections over it).
+func sourceOf(a net.Addr) netip.Addr {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.Addr{} // not TCP (a test's pipe): one source
+	}
+	ip := ta.AddrPort().Addr().Unmap()
+	if ip.Is6() {
+		if p, err := ip.Prefix(64); err == nil {
+			return p.Addr()
+		}
+	}
+	return ip
+}
+
+// admit counts a new client connection from src, or says why it is refused:
+// too_many_connections (MaxConns) or too_many_from_source
+// (MaxConnsPerSource). An admitted one is given back with leave.
+func (d *Door) admit(src netip.Addr) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case d.clients >= d.cfg.MaxConns:
+		return "too_many_connections"
+	case d.perSource[src] >= d.cfg.MaxConnsPerSource:
+		return "too_many_from_source"
+	}
+	d.clients++
+	d.perSource[src]++
+	return ""
+}
+
+func (d *Door) leave(src netip.Addr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.clients--
+	if d.perSource[src]--; d.perSource[src] <= 0 {
+		delete(d.perSource, src)
 	}
 }
 
