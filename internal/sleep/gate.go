@@ -45,7 +45,7 @@ type Gate struct {
 	// awake: Awake was called since the last Sleep, so the apiserver
 	// accepts; a connection whose hello is read only now is passed on.
 	awake   bool
-	reading int // connections whose hello is being read
+	reading int // connections whose hello is being read or refused
 	closed  bool
 	// certFile and keyFile are the apiserver's serving certificate, with
 	// which a failed wake is answered; without them it closes connections.
@@ -62,9 +62,9 @@ const (
 	// sends one as soon as it connects (the front door before it even
 	// dials), and one that sends nothing must not hold a goroutine long.
 	helloTimeout = 5 * time.Second
-	// maxReading bounds the connections whose hello is awaited at once;
-	// beyond it a connection is closed (reason too_many_pending), so a flood
-	// of silent connections costs neither memory nor file descriptors.
+	// maxReading bounds the connections whose hello is awaited, or which
+	// are being refused, at once; beyond it a connection is closed (reason
+	// too_many_pending), so a flood costs neither memory nor descriptors.
 	maxReading = 128
 )
 
@@ -178,13 +178,13 @@ func (g *Gate) accept(ln net.Listener) {
 // is passed on or answered, by the gate's state once its hello is read.
 func (g *Gate) admit(c net.Conn, arrived time.Time) {
 	name, hello, err := clienthello.Read(c, g.helloTimeout, clienthello.MaxBytes)
-	g.mu.Lock()
-	g.reading--
-	g.mu.Unlock()
+	// A refusal keeps its slot until it is done (Refuse lingers up to 2 s),
+	// so refusals too are bounded by maxReading.
 	switch {
 	case err != nil:
 		g.countRefused(c, clienthello.Reason(err))
 		c.Close()
+		g.doneReading()
 		return
 	case !strings.EqualFold(name, g.serverName):
 		reason := "other_name"
@@ -194,8 +194,10 @@ func (g *Gate) admit(c net.Conn, arrived time.Time) {
 		g.countRefused(c, reason)
 		clienthello.Refuse(c)
 		c.Close()
+		g.doneReading()
 		return
 	}
+	g.doneReading()
 	c = clienthello.Replay(c, hello)
 	g.mu.Lock()
 	if g.closed {
@@ -227,6 +229,12 @@ func (g *Gate) admit(c net.Conn, arrived time.Time) {
 		g.log.Info("waking a sleeping cluster: a client named it", "cluster", g.cluster, "remote", c.RemoteAddr().String())
 		wakeFn()
 	}
+}
+
+func (g *Gate) doneReading() {
+	g.mu.Lock()
+	g.reading--
+	g.mu.Unlock()
 }
 
 // countRefused counts and logs a connection closed without a wake.
