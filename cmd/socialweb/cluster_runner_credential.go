@@ -103,7 +103,7 @@ invalidates every token minted for it.`,
 				return err
 			}
 			cred := gitlab.Credential{Grant: grant, Cluster: c.Name, Server: cfg.Host, ServerName: cfg.TLSClientConfig.ServerName,
-				CA: cfg.CAData, Token: token, Expires: expires}
+				Door: cfg.Host != c.Status.URL, CA: cfg.CAData, Token: token, Expires: expires}
 			fmt.Fprintf(os.Stderr, "minted a token for %s in cluster %s, namespace %s, valid until %s\n",
 				grant.Username(), c.Name, grant.Namespace, expires.UTC().Format(time.RFC3339))
 			if out == "" {

@@ -37,12 +37,15 @@ type Config struct {
 	Port      int    `json:"port"`
 	// AdvertiseAddress is the address nodes reach the apiserver on.
 	AdvertiseAddress string `json:"advertiseAddress"`
-	// ServingNames are DNS names the serving certificate is valid for besides
-	// the usual ones: the cluster's front-door (SNI) name.
-	ServingNames     []string `json:"servingNames,omitempty"`
-	ServiceCIDR      string   `json:"serviceCIDR"`
-	ClusterCIDR      string   `json:"clusterCIDR,omitempty"`
-	NodeCIDRMaskSize int      `json:"nodeCIDRMaskSize,omitempty"`
+	// ServerName is the DNS name clients send in their TLS ClientHello (SNI)
+	// to reach this control plane, through the front door or on its own
+	// port: a sleeping tenant wakes only for a client that names it. The
+	// serving certificate is valid for it besides the usual names, and the
+	// admin kubeconfig sends it (tls-server-name). "" for none.
+	ServerName       string `json:"serverName,omitempty"`
+	ServiceCIDR      string `json:"serviceCIDR"`
+	ClusterCIDR      string `json:"clusterCIDR,omitempty"`
+	NodeCIDRMaskSize int    `json:"nodeCIDRMaskSize,omitempty"`
 	// Tenant enables what worker nodes need: Node authorization, bootstrap
 	// tokens, NodeRestriction.
 	Tenant bool `json:"tenant"`

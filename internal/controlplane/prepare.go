@@ -29,14 +29,24 @@ func Prepare(c Config, extraIPs ...net.IP) error {
 	}
 	ips = append(ips, extraIPs...)
 	names := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
-	names = append(names, c.ServingNames...)
+	if c.ServerName != "" {
+		names = append(names, c.ServerName)
+	}
 	// Before every start: a tenant made before the front-proxy CA existed gets it here.
 	p, err := pki.Ensure(c.PKI().Dir, pki.Options{ServingIPs: ips, ServingNames: names, Clients: clients(), FrontProxy: c.Tenant})
 	if err != nil {
 		return fmt.Errorf("preparing PKI for %s: %w", c.Name, err)
 	}
+	// The admin's kubeconfig names the cluster, so it wakes a sleeping one.
+	// The components' and the daemon's do not: they never reach for a
+	// sleeping cluster, and if one did by a race, it must not wake it (the
+	// daemon's requests are not the tenant's intent).
 	for _, id := range []pki.Identity{pki.Admin, pki.ControllerManager, pki.Scheduler, pki.Daemon} {
-		if err := pki.WriteKubeconfig(c.Kubeconfig(id), p, id, c.Name, c.URL()); err != nil {
+		serverName := ""
+		if id.Name == pki.Admin.Name {
+			serverName = c.ServerName
+		}
+		if err := pki.WriteKubeconfigVia(c.Kubeconfig(id), p, id, c.Name, c.URL(), serverName); err != nil {
 			return fmt.Errorf("writing %s kubeconfig for %s: %w", id.Name, c.Name, err)
 		}
 	}

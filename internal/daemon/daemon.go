@@ -96,10 +96,15 @@ type Options struct {
 	// FrontDoor is host:port of the one listener every tenant is reached
 	// through, by SNI; empty leaves each tenant on its own loopback port only.
 	FrontDoor string
-	// FrontDoorDomain: cluster NAME is reached through the door as NAME.FrontDoorDomain.
+	// FrontDoorDomain: cluster NAME is NAME.FrontDoorDomain, the TLS server
+	// name its clients send through the door or to its own port.
 	FrontDoorDomain string
-	Executable      string
-	Defaults        provider.Defaults
+	// FrontDoorMaxConnsPerSource and FrontDoorMaxConns bound the connections
+	// the door carries at once from one source and from everyone.
+	FrontDoorMaxConnsPerSource int
+	FrontDoorMaxConns          int
+	Executable                 string
+	Defaults                   provider.Defaults
 	// ControlPlaneEnv is added to every control-plane process.
 	ControlPlaneEnv []string
 	// CgroupParent is the cgroup each control plane gets a group of its own under
@@ -242,6 +247,13 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	}
 	if err := frontdoor.ValidateDomain(o.FrontDoorDomain); err != nil {
 		return v, fmt.Errorf("--front-door-domain %w", err)
+	}
+	// Checked with the door off too: a bad value is bad input either way.
+	if err := frontdoor.ValidateMaxConns(o.FrontDoorMaxConns); err != nil {
+		return v, fmt.Errorf("--front-door-max-conns %w", err)
+	}
+	if err := frontdoor.ValidateMaxConnsPerSource(o.FrontDoorMaxConnsPerSource, o.FrontDoorMaxConns); err != nil {
+		return v, fmt.Errorf("--front-door-max-conns-per-source %w", err)
 	}
 	if o.FrontDoor != "" {
 		if err := frontdoor.ValidateAddress(o.FrontDoor); err != nil {
@@ -386,7 +398,8 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	if doorListener != nil {
 		// The door looks clusters up in the provider's cache; it serves
 		// once the provider exists.
-		door = frontdoor.New(frontdoor.Config{Address: v.FrontDoor, Domain: v.FrontDoorDomain},
+		door = frontdoor.New(frontdoor.Config{Address: v.FrontDoor, Domain: v.FrontDoorDomain,
+			MaxConnsPerSource: v.FrontDoorMaxConnsPerSource, MaxConns: v.FrontDoorMaxConns},
 			frontdoor.BackendsFunc(func(cluster string) (string, bool) { return prov.Backend(cluster) }),
 			log.With("component", "frontdoor"))
 		reg.MustRegister(door.Collector())
@@ -420,6 +433,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		Env:          v.ControlPlaneEnv,
 		FrontDoor:    door,
 		Cgroups:      v.cgroups,
+		Domain:       v.FrontDoorDomain,
 	}, log.With("component", "provider"), dyn, kube, v.store, sup)
 	reg.MustRegister(prov.Collector())
 	reg.MustRegister(prov.SleepCollectors()...)

@@ -18,8 +18,8 @@ import (
 func TestValidateFrontDoor(t *testing.T) {
 	base := Options{
 		StateDir: t.TempDir(), APIPort: 7443, PortRange: "7500-7599", NetworkRange: "1-190", Accel: "tcg",
-		FrontDoorDomain: frontdoor.DefaultDomain,
-		Defaults:        provider.Defaults{MaxNodes: 1, NodeCPUs: 1, PodsPerNode: 1, NodeMemory: resource.MustParse("1Gi")},
+		FrontDoorDomain: frontdoor.DefaultDomain, FrontDoorMaxConnsPerSource: frontdoor.DefaultMaxConnsPerSource, FrontDoorMaxConns: frontdoor.DefaultMaxConns,
+		Defaults: provider.Defaults{MaxNodes: 1, NodeCPUs: 1, PodsPerNode: 1, NodeMemory: resource.MustParse("1Gi")},
 	}
 	tests := []struct {
 		name    string
@@ -36,6 +36,11 @@ func TestValidateFrontDoor(t *testing.T) {
 		{"port 0", func(o *Options) { o.FrontDoor = ":0" }, "want HOST:PORT"},
 		{"the management API's port", func(o *Options) { o.FrontDoor = "0.0.0.0:7443" }, "port 7443 is the management API's"},
 		{"a tenant's port", func(o *Options) { o.FrontDoor = "127.0.0.1:7550" }, "pick another port"},
+		{"limits of 1", func(o *Options) { o.FrontDoorMaxConnsPerSource, o.FrontDoorMaxConns = 1, 1 }, ""},
+		{"no limit in total", func(o *Options) { o.FrontDoorMaxConns = 0 }, "--front-door-max-conns 0: want 1 to 1048576 connections"},
+		{"a limit in total too high", func(o *Options) { o.FrontDoorMaxConns = 1 << 21 }, "--front-door-max-conns 2097152: want 1 to 1048576"},
+		{"no limit per source, the door off", func(o *Options) { o.FrontDoorMaxConnsPerSource = 0 }, "--front-door-max-conns-per-source 0: want 1 to the limit from everyone (4096)"},
+		{"more per source than in total", func(o *Options) { o.FrontDoor, o.FrontDoorMaxConnsPerSource, o.FrontDoorMaxConns = ":8443", 100, 10 }, "--front-door-max-conns-per-source 100: want 1 to the limit from everyone (10)"},
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, tc := range tests {

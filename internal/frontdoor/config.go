@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/clienthello"
 )
 
 // DefaultDomain is the SNI domain when none is configured. Names under
@@ -32,12 +33,20 @@ const (
 	// DefaultHelloTimeout bounds the wait for a ClientHello: a client that
 	// connects and sends nothing must not hold a connection for ever.
 	DefaultHelloTimeout = 10 * time.Second
-	// DefaultMaxHello bounds the bytes read before the name is known. A
-	// ClientHello is a few hundred bytes to about 2 KiB (post-quantum key
-	// shares); two full TLS records leave room for any real one.
-	DefaultMaxHello = 2 * (16384 + 5)
+	// DefaultMaxHello bounds the bytes read before the name is known.
+	DefaultMaxHello = clienthello.MaxBytes
 	// DefaultDialTimeout bounds the connection to a tenant's loopback port.
 	DefaultDialTimeout = 5 * time.Second
+	// DefaultMaxConnsPerSource bounds the connections the door carries at
+	// once for one source: kubectl opens a handful, a GitLab Runner's jobs
+	// a few each (attach, logs, watches), so 64 fits a busy CI host behind
+	// one address while one client alone cannot take the door.
+	DefaultMaxConnsPerSource = 64
+	// DefaultMaxConns bounds the connections the door carries at once from
+	// everyone: each is two descriptors and two goroutines.
+	DefaultMaxConns = 4096
+	// MaxMaxConns is the largest MaxConns (and so MaxConnsPerSource) taken.
+	MaxMaxConns = 1 << 20
 )
 
 // Config is where the door listens and the names it answers to.
@@ -50,6 +59,32 @@ type Config struct {
 	HelloTimeout time.Duration
 	MaxHello     int
 	DialTimeout  time.Duration
+	// MaxConnsPerSource and MaxConns bound the client connections the door
+	// holds at once from one source (an IPv4 address, or an IPv6 /64) and
+	// from everyone; a connection beyond either is closed as it is
+	// accepted. 0 is the default; see ValidateMaxConns and
+	// ValidateMaxConnsPerSource.
+	MaxConnsPerSource int
+	MaxConns          int
+}
+
+// ValidateMaxConns says whether total can be the door's MaxConns, and if
+// not what would be accepted.
+func ValidateMaxConns(total int) error {
+	if total < 1 || total > MaxMaxConns {
+		return fmt.Errorf("%d: want 1 to %d connections carried at once from everyone (default %d)", total, MaxMaxConns, DefaultMaxConns)
+	}
+	return nil
+}
+
+// ValidateMaxConnsPerSource says whether perSource can be the door's
+// MaxConnsPerSource beside a MaxConns of total, and if not what would be
+// accepted.
+func ValidateMaxConnsPerSource(perSource, total int) error {
+	if perSource < 1 || perSource > total {
+		return fmt.Errorf("%d: want 1 to the limit from everyone (%d) connections carried at once from one source, an IPv4 address or IPv6 /64 (default %d)", perSource, total, DefaultMaxConnsPerSource)
+	}
+	return nil
 }
 
 // ValidateDomain says whether domain can carry cluster names, and if not
@@ -130,6 +165,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = DefaultMaxConns
+	}
+	if c.MaxConnsPerSource <= 0 {
+		c.MaxConnsPerSource = min(DefaultMaxConnsPerSource, c.MaxConns)
 	}
 	return c
 }

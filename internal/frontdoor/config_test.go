@@ -102,3 +102,27 @@ func TestServerURL(t *testing.T) {
 		t.Errorf("ServerName(ci) = %s", got)
 	}
 }
+
+func TestValidateMaxConns(t *testing.T) {
+	for _, tc := range []struct {
+		perSource, total int
+		wantErr          string // "" for none
+	}{
+		{DefaultMaxConnsPerSource, DefaultMaxConns, ""},
+		{1, 1, ""},
+		{MaxMaxConns, MaxMaxConns, ""},
+		{64, 0, "0: want 1 to 1048576 connections carried at once from everyone (default 4096)"},
+		{64, -1, "-1: want 1 to 1048576"},
+		{64, MaxMaxConns + 1, "1048577: want 1 to 1048576"},
+		{0, 4096, "0: want 1 to the limit from everyone (4096) connections carried at once from one source"},
+		{4097, 4096, "4097: want 1 to the limit from everyone (4096)"},
+	} {
+		err := ValidateMaxConns(tc.total)
+		if err == nil {
+			err = ValidateMaxConnsPerSource(tc.perSource, tc.total)
+		}
+		if (err == nil) != (tc.wantErr == "") || err != nil && !strings.HasPrefix(err.Error(), tc.wantErr) {
+			t.Errorf("limits %d per source, %d in total: %v, want %q", tc.perSource, tc.total, err, tc.wantErr)
+		}
+	}
+}

@@ -1,18 +1,18 @@
 package frontdoor
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/socialweb-computer/socialweb/internal/clienthello"
 )
 
 // Backends finds a cluster's apiserver. The daemon's provider implements it
@@ -39,11 +39,17 @@ type Door struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
+	// clients counts the client connections held, per source (sourceOf)
+	// and in total, against the limits.
+	clients   int
+	perSource map[netip.Addr]int
 }
 
-// New makes a door; cfg must have passed ValidateAddress and ValidateDomain.
+// New makes a door; cfg must have passed ValidateAddress, ValidateDomain
+// and ValidateMaxConns.
 func New(cfg Config, backends Backends, log *slog.Logger) *Door {
-	return &Door{cfg: cfg.withDefaults(), backends: backends, log: log, metrics: newMetrics(), conns: map[net.Conn]struct{}{}}
+	return &Door{cfg: cfg.withDefaults(), backends: backends, log: log, metrics: newMetrics(),
+		conns: map[net.Conn]struct{}{}, perSource: map[netip.Addr]int{}}
 }
 
 // Collector returns the door's Prometheus metrics.
@@ -75,20 +81,63 @@ func (d *Door) Serve(ctx context.Context, l net.Listener) error {
 			}
 			continue
 		}
-		wg.Go(func() { d.handle(ctx, c) })
+		src := sourceOf(c.RemoteAddr())
+		if reason := d.admit(src); reason != "" {
+			// Closed before a byte is read: a flood costs a descriptor
+			// for a moment, and no goroutine.
+			d.metrics.refused.WithLabelValues(reason).Inc()
+			d.log.Debug("front door: refused", "remote", c.RemoteAddr().String(), "reason", reason)
+			c.Close()
+			continue
+		}
+		wg.Go(func() {
+			defer d.leave(src)
+			d.handle(ctx, c)
+		})
 	}
 }
 
-// refusal is the whole answer to a connection the door will not carry: one
-// fatal TLS alert, unrecognized_name (RFC 6066). The same bytes go to a
-// client that named an unknown cluster, named none, or named one whose
-// apiserver is down, so the answer does not tell which names exist.
-var refusal = []byte{
-	21,         // content type: alert
-	0x03, 0x03, // legacy record version TLS 1.2
-	0x00, 0x02, // length
-	2,   // level: fatal
-	112, // description: unrecognized_name
+// sourceOf is what a client connection counts against in MaxConnsPerSource:
+// its IPv4 address, or its IPv6 /64 (one host or site usually has a whole
+// /64 and could spread its connections over it).
+func sourceOf(a net.Addr) netip.Addr {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.Addr{} // not TCP (a test's pipe): one source
+	}
+	ip := ta.AddrPort().Addr().Unmap()
+	if ip.Is6() {
+		if p, err := ip.Prefix(64); err == nil {
+			return p.Addr()
+		}
+	}
+	return ip
+}
+
+// admit counts a new client connection from src, or says why it is refused:
+// too_many_connections (MaxConns) or too_many_from_source
+// (MaxConnsPerSource). An admitted one is given back with leave.
+func (d *Door) admit(src netip.Addr) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case d.clients >= d.cfg.MaxConns:
+		return "too_many_connections"
+	case d.perSource[src] >= d.cfg.MaxConnsPerSource:
+		return "too_many_from_source"
+	}
+	d.clients++
+	d.perSource[src]++
+	return ""
+}
+
+func (d *Door) leave(src netip.Addr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.clients--
+	if d.perSource[src]--; d.perSource[src] <= 0 {
+		delete(d.perSource, src)
+	}
 }
 
 // handle carries one client connection: read the ClientHello, find the
@@ -100,10 +149,10 @@ func (d *Door) handle(ctx context.Context, client net.Conn) {
 	defer d.untrack(client)
 	log := d.log.With("remote", client.RemoteAddr().String())
 
-	name, hello, err := d.readHello(client)
+	name, hello, err := clienthello.Read(client, d.cfg.HelloTimeout, d.cfg.MaxHello)
 	if err != nil {
 		// A hello that is not TLS, too large or too slow: nothing to answer.
-		d.metrics.refused.WithLabelValues(reasonOf(err)).Inc()
+		d.metrics.refused.WithLabelValues(clienthello.Reason(err)).Inc()
 		log.Debug("front door: refused", "err", err)
 		return
 	}
@@ -119,7 +168,7 @@ func (d *Door) handle(ctx context.Context, client net.Conn) {
 		}
 		d.metrics.refused.WithLabelValues(reason).Inc()
 		log.Debug("front door: refused", "reason", reason)
-		d.refuse(client)
+		clienthello.Refuse(client)
 		return
 	}
 	log = log.With("cluster", cluster)
@@ -128,7 +177,7 @@ func (d *Door) handle(ctx context.Context, client net.Conn) {
 	if err != nil {
 		d.metrics.refused.WithLabelValues("unavailable").Inc()
 		log.Warn("front door: the cluster's apiserver does not answer", "backend", addr, "err", err)
-		d.refuse(client)
+		clienthello.Refuse(client)
 		return
 	}
 	if !d.track(backend) {
@@ -148,89 +197,6 @@ func (d *Door) handle(ctx context.Context, client net.Conn) {
 	m.in.Add(float64(len(hello)))
 	in, out := splice(client, backend, m.in, m.out)
 	log.Debug("front door: connection ended", "bytesIn", in+int64(len(hello)), "bytesOut", out, "took", time.Since(start).Round(time.Millisecond))
-}
-
-// readHello reads the ClientHello and returns its server name ("" for none)
-// and every byte read, which the cluster's apiserver must see first. The
-// parsing is crypto/tls's own: a server handshake over a connection that
-// records what it reads and refuses every write, stopped as soon as the
-// hello has been parsed.
-func (d *Door) readHello(c net.Conn) (string, []byte, error) {
-	if err := c.SetReadDeadline(time.Now().Add(d.cfg.HelloTimeout)); err != nil {
-		return "", nil, fmt.Errorf("setting the ClientHello deadline: %w", err)
-	}
-	rec := &recording{Conn: c, r: io.LimitReader(c, int64(d.cfg.MaxHello))}
-	var (
-		name string
-		seen bool
-	)
-	srv := tls.Server(rec, &tls.Config{
-		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-			name, seen = h.ServerName, true
-			return nil, errHelloRead
-		},
-	})
-	err := srv.Handshake()
-	if !seen {
-		if err == nil {
-			err = errors.New("handshake ended without a ClientHello")
-		}
-		return "", nil, fmt.Errorf("reading the ClientHello (%d bytes read): %w", rec.buf.Len(), err)
-	}
-	// No deadline from here on: a watch may stay quiet for a long time.
-	if err := c.SetReadDeadline(time.Time{}); err != nil {
-		return "", nil, fmt.Errorf("clearing the ClientHello deadline: %w", err)
-	}
-	return name, rec.buf.Bytes(), nil
-}
-
-// errHelloRead stops the handshake once the hello is parsed.
-var errHelloRead = errors.New("ClientHello read")
-
-// recording is the connection readHello gives crypto/tls: reads are kept,
-// writes refused (the door never answers in the tenant's name), Close left
-// to the door.
-type recording struct {
-	net.Conn
-	r   io.Reader
-	buf bytes.Buffer
-}
-
-func (r *recording) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
-	r.buf.Write(p[:n])
-	return n, err
-}
-
-func (r *recording) Write([]byte) (int, error) {
-	return 0, errors.New("the front door does not answer handshakes")
-}
-func (r *recording) Close() error { return nil }
-
-// reasonOf is the metric label of a hello that could not be read.
-func reasonOf(err error) string {
-	var ne net.Error
-	switch {
-	case errors.As(err, &ne) && ne.Timeout():
-		return "hello_timeout"
-	default:
-		return "bad_hello"
-	}
-}
-
-// refuse sends the refusal and closes. It half-closes first and reads what
-// the client still sends for a moment, so the kernel does not reset the
-// connection before the client has read the alert.
-func (d *Door) refuse(c net.Conn) {
-	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write(refusal); err != nil {
-		return
-	}
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	}
-	_ = c.SetReadDeadline(time.Now().Add(time.Second))
-	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
 }
 
 // splice copies both ways until both directions have ended and returns the

@@ -16,6 +16,8 @@ import (
 	"log/slog"
 	"math/big"
 	"net"
+	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -356,8 +358,9 @@ func TestRefusalsAreIdentical(t *testing.T) {
 			}
 			// Whatever is left until the door closes is part of the answer.
 			_, _ = io.Copy(io.Discard, rec)
-			if !bytes.Equal(rec.buf.Bytes(), refusal) {
-				t.Errorf("the door answered %x, want exactly %x", rec.buf.Bytes(), refusal)
+			// One fatal alert, unrecognized_name (clienthello.Refuse).
+			if want := []byte{21, 3, 3, 0, 2, 2, 112}; !bytes.Equal(rec.buf.Bytes(), want) {
+				t.Errorf("the door answered %x, want exactly %x", rec.buf.Bytes(), want)
 			}
 			if took > time.Second {
 				t.Errorf("the refusal took %s", took)
@@ -585,5 +588,117 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// dialFrom connects through the door from the loopback address src (Linux
+// routes all of 127/8 to lo) and completes the handshake.
+func (td *testDoor) dialFrom(src string, cfg *tls.Config) (*tls.Conn, error) {
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	raw, err := d.Dial("tcp", td.addr)
+	if err != nil {
+		return nil, err
+	}
+	c := tls.Client(raw, cfg)
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := c.Handshake(); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Time{})
+	return c, nil
+}
+
+// The door holds at most MaxConnsPerSource connections from one source and
+// MaxConns from everyone: the one beyond is closed at once and counted, a
+// connection from another source is still carried (per source), and a slot
+// is free again once a connection ends.
+func TestConnectionLimits(t *testing.T) {
+	type step struct {
+		from   string // source address; "close N" ends the Nth carried connection instead
+		refuse string // "" carried, else the reason counted
+	}
+	tests := []struct {
+		name             string
+		perSource, total int
+		steps            []step
+	}{
+		{"per source", 2, 10, []step{
+			{"127.0.0.2", ""}, {"127.0.0.2", ""}, {"127.0.0.2", "too_many_from_source"},
+			{"127.0.0.3", ""},
+			{"close 0", ""}, {"127.0.0.2", ""}, {"127.0.0.2", "too_many_from_source"},
+		}},
+		{"in total", 2, 3, []step{
+			{"127.0.0.2", ""}, {"127.0.0.3", ""}, {"127.0.0.4", ""}, {"127.0.0.5", "too_many_connections"},
+			{"127.0.0.2", "too_many_connections"},
+			{"close 1", ""}, {"127.0.0.5", ""}, {"127.0.0.6", "too_many_connections"},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newTenant(t, "alpha", greet("alpha"))
+			td := startDoor(t, Config{MaxConnsPerSource: tc.perSource, MaxConns: tc.total}, a)
+			var carried []*tls.Conn
+			defer func() {
+				for _, c := range carried {
+					c.Close()
+				}
+			}()
+			for i, s := range tc.steps {
+				if n, ok := strings.CutPrefix(s.from, "close "); ok {
+					k, _ := strconv.Atoi(n)
+					carried[k].Close()
+					waitFor(t, "the ended connection given back", func() bool {
+						td.mu.Lock()
+						defer td.mu.Unlock()
+						return td.clients == len(carried)-1
+					})
+					carried = append(carried[:k], carried[k+1:]...)
+					continue
+				}
+				before := td.value(t, "socialweb_frontdoor_refused_total", map[string]string{"reason": s.refuse})
+				c, err := td.dialFrom(s.from, a.clientConfig("alpha."+domain, a.client))
+				if s.refuse == "" {
+					if err != nil {
+						t.Fatalf("step %d, from %s: %v; want it carried", i, s.from, err)
+					}
+					if got := exchange(t, c, "hi"); got != "alpha: hi" {
+						t.Fatalf("step %d, from %s: answer %q", i, s.from, got)
+					}
+					carried = append(carried, c)
+					continue
+				}
+				if err == nil {
+					c.Close()
+					t.Fatalf("step %d, from %s: carried; want it refused (%s)", i, s.from, s.refuse)
+				}
+				if after := td.value(t, "socialweb_frontdoor_refused_total", map[string]string{"reason": s.refuse}); after != before+1 {
+					t.Errorf("step %d: refused{reason=%s} went from %v to %v, want +1", i, s.refuse, before, after)
+				}
+			}
+		})
+	}
+}
+
+// A source is an IPv4 address or an IPv6 /64.
+func TestSourceOf(t *testing.T) {
+	tcp := func(s string) net.Addr { return net.TCPAddrFromAddrPort(netip.MustParseAddrPort(s)) }
+	tests := []struct {
+		name string
+		a, b net.Addr
+		same bool
+	}{
+		{"two ports of one IPv4 address", tcp("192.0.2.1:1000"), tcp("192.0.2.1:2000"), true},
+		{"two IPv4 addresses", tcp("192.0.2.1:1000"), tcp("192.0.2.2:1000"), false},
+		{"an IPv4 address and its IPv4-mapped IPv6 form", tcp("192.0.2.1:1000"), tcp("[::ffff:192.0.2.1]:1000"), true},
+		{"two addresses in one IPv6 /64", tcp("[2001:db8:1:2::1]:1000"), tcp("[2001:db8:1:2:ffff::9]:1000"), true},
+		{"two IPv6 /64s", tcp("[2001:db8:1:2::1]:1000"), tcp("[2001:db8:1:3::1]:1000"), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := sourceOf(tc.a) == sourceOf(tc.b); got != tc.same {
+				t.Errorf("sourceOf(%s) = %s, sourceOf(%s) = %s: same %v, want %v", tc.a, sourceOf(tc.a), tc.b, sourceOf(tc.b), got, tc.same)
+			}
+		})
 	}
 }

@@ -29,7 +29,7 @@ func newMetrics() *metrics {
 		}, []string{"cluster", "direction"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "socialweb_frontdoor_refused_total",
-			Help: "Connections the front door refused, by reason: unknown_name, no_name, unavailable (the cluster's apiserver did not answer), bad_hello, hello_timeout.",
+			Help: "Connections the front door refused, by reason: unknown_name, no_name, unavailable (the cluster's apiserver did not answer), bad_hello, hello_timeout, too_many_from_source, too_many_connections (its limits).",
 		}, []string{"reason"}),
 	}
 }

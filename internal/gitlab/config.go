@@ -22,9 +22,12 @@ type Credential struct {
 	CA      []byte    // PEM of the CA that signed the apiserver's certificate
 	Token   string    // the ServiceAccount token
 	Expires time.Time // when the apiserver stops accepting Token
-	// ServerName is the cluster's front-door (SNI) name, "" without a door:
-	// the kubeconfig sends it (tls-server-name) whatever host Server names.
+	// ServerName is the cluster's (SNI) name: the kubeconfig sends it
+	// (tls-server-name) whatever host Server names, so it is routed by the
+	// front door and wakes the cluster when it sleeps. "" for none.
 	ServerName string
+	// Door: Server is the front door, not the cluster's own port.
+	Door bool
 }
 
 // Kubeconfig is a kubeconfig with the CA and token embedded and the runner's namespace
@@ -47,8 +50,10 @@ func (c Credential) Kubeconfig() ([]byte, error) {
 // has host, ca_file, cert_file, key_file, bearer_token and context, but no TLS
 // server name, and Go sends a URL's host as SNI (never an IP address): behind
 // the front door the URL must name the cluster's SNI name, at the door's port.
+// On the cluster's own port it stays the loopback address, which resolves
+// everywhere (the template's comment says what that costs a sleeping cluster).
 func (c Credential) runnerHost() (string, error) {
-	if c.ServerName == "" {
+	if c.ServerName == "" || !c.Door {
 		return c.Server, nil
 	}
 	u, err := url.Parse(c.Server)
@@ -87,7 +92,14 @@ func (c Credential) RunnerTemplate(caFile string, s Settings) ([]byte, error) {
 		RunnerLogLimitKiB, s.LogLimitKiB, s.LogLimit)
 	w.int(1, "output_limit", s.LogLimitKiB)
 	w.line(1, "[runners.kubernetes]")
-	if c.ServerName != "" {
+	switch {
+	case c.ServerName != "" && !c.Door:
+		w.comment(2, "The cluster's own port. The runner has no setting for a TLS server name and sends none to an\n"+
+			"IP address, and a sleeping cluster wakes only for a client that names it (%s): with\n"+
+			"sleepAfter set, use the front door, or name %s here at this port where it resolves to\n"+
+			"127.0.0.1. The kubeconfig beside this file sends the name.",
+			c.ServerName, c.ServerName)
+	case c.ServerName != "":
 		w.comment(2, "Through the socialweb front door (%s), which routes by the TLS server name. The runner has\n"+
 			"no setting for a server name apart from the URL, so host names the cluster's: the runner's\n"+
 			"machine must resolve %s to the door (a wildcard DNS record for its domain, or a\n"+

@@ -279,21 +279,31 @@ func TestKubeconfig(t *testing.T) {
 		t.Errorf("user entry %+v, want the token and no certificate", ai)
 	}
 	if cl := cfg.Clusters[ctx.Cluster]; cl == nil || cl.TLSServerName != "" {
-		t.Errorf("cluster entry %+v: a server name without a front door", cl)
+		t.Errorf("cluster entry %+v: a server name the credential does not have", cl)
 	}
 
-	// Through the front door: the door's address, and the cluster's SNI name to ask for.
-	c.Server, c.ServerName = "https://127.0.0.1:8443", "ci.socialweb.localhost"
-	b, err = c.Kubeconfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := clientcmd.RESTConfigFromKubeConfig(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rc.Host != c.Server || rc.TLSClientConfig.ServerName != c.ServerName {
-		t.Errorf("through the door the kubeconfig names %s as %q, want %s as %q", rc.Host, rc.TLSClientConfig.ServerName, c.Server, c.ServerName)
+	// The cluster's SNI name to ask for, through the front door (its address)
+	// or on the cluster's own port, whose address is an IP: Go sends no SNI
+	// for it, and a sleeping cluster wakes only for its name.
+	for _, tc := range []struct {
+		name, server string
+		door         bool
+	}{
+		{"through the door", "https://127.0.0.1:8443", true},
+		{"on its own port", "https://127.0.0.1:7500", false},
+	} {
+		c.Server, c.ServerName, c.Door = tc.server, "ci.socialweb.localhost", tc.door
+		b, err = c.Kubeconfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, err := clientcmd.RESTConfigFromKubeConfig(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rc.Host != c.Server || rc.TLSClientConfig.ServerName != c.ServerName {
+			t.Errorf("%s the kubeconfig names %s as %q, want %s as %q", tc.name, rc.Host, rc.TLSClientConfig.ServerName, c.Server, c.ServerName)
+		}
 	}
 }
 
@@ -315,10 +325,16 @@ func TestRunnerTemplate(t *testing.T) {
 			"expires 2027-01-01T00:00:00Z",
 		}, ""},
 		{"through the front door the host is the cluster's SNI name", func(c *Credential) {
-			c.Server, c.ServerName = "https://127.0.0.1:8443", "ci.socialweb.localhost"
+			c.Server, c.ServerName, c.Door = "https://127.0.0.1:8443", "ci.socialweb.localhost", true
 		}, "/ca.crt", []string{
 			`    host = "https://ci.socialweb.localhost:8443"` + "\n",
 			"must resolve ci.socialweb.localhost to the door",
+		}, ""},
+		{"on its own port the host stays the address, and the comment says what wakes it", func(c *Credential) {
+			c.Server, c.ServerName = "https://127.0.0.1:7500", "ci.socialweb.localhost"
+		}, "/ca.crt", []string{
+			`    host = "https://127.0.0.1:7500"` + "\n",
+			"a sleeping cluster wakes only for a client that names it (ci.socialweb.localhost)",
 		}, ""},
 		{"quotes and backslashes are escaped", func(*Credential) {}, `/d"ir\x/ca.crt`, []string{`ca_file = "/d\"ir\\x/ca.crt"`}, ""},
 		{"a control character is refused", func(c *Credential) { c.Token = "a\nb" }, "/ca.crt", nil, "control character"},

@@ -16,9 +16,11 @@ func Kubeconfig(p Paths, id Identity, contextName, server string) ([]byte, error
 	return KubeconfigVia(p, id, contextName, server, "")
 }
 
-// KubeconfigVia is Kubeconfig for a server reached through the front door:
-// serverName ("" for none) is sent as SNI and checked against the serving
-// certificate (tls-server-name), whatever host the server URL names.
+// KubeconfigVia is Kubeconfig for a server reached by name: serverName (""
+// for none) is sent as SNI and checked against the serving certificate
+// (tls-server-name), whatever host the server URL names. The front door
+// routes by it, and a sleeping tenant wakes only for it: Go sends no SNI for
+// a URL whose host is an IP address.
 func KubeconfigVia(p Paths, id Identity, contextName, server, serverName string) ([]byte, error) {
 	ca, err := os.ReadFile(p.ServerCA)
 	if err != nil {
@@ -43,7 +45,12 @@ func KubeconfigVia(p Paths, id Identity, contextName, server, serverName string)
 
 // WriteKubeconfig writes a kubeconfig with mode 0600: it holds a private key.
 func WriteKubeconfig(path string, p Paths, id Identity, contextName, server string) error {
-	b, err := Kubeconfig(p, id, contextName, server)
+	return WriteKubeconfigVia(path, p, id, contextName, server, "")
+}
+
+// WriteKubeconfigVia is WriteKubeconfig with serverName, as KubeconfigVia.
+func WriteKubeconfigVia(path string, p Paths, id Identity, contextName, server, serverName string) error {
+	b, err := KubeconfigVia(p, id, contextName, server, serverName)
 	if err != nil {
 		return err
 	}

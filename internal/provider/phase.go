@@ -175,7 +175,7 @@ func Decide(o Observed) Plan {
 // no sleeping control plane.
 func asleep(o Observed, p Plan) Plan {
 	p.Phase = v1.PhaseAsleep
-	const msg = "the control plane sleeps; the first connection to its port (or through the front door) wakes it"
+	const msg = "the control plane sleeps; the first client that names it (TLS server name NAME.DOMAIN, as its kubeconfig does), on its port or through the front door, wakes it"
 	p.cond(v1.ConditionRunning, false, "Asleep", msg, o.Now)
 	p.cond(v1.ConditionReady, false, "Asleep", msg, o.Now)
 	if o.Process.Supervised || !o.Gated {

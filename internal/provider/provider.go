@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -81,12 +82,17 @@ type Config struct {
 	// NodeServices gives Ready clusters nodes; nil keeps every cluster at
 	// zero nodes.
 	NodeServices nodeservice.NodeServices
-	// FrontDoor, when set, carries every cluster: serving certificates
-	// include each cluster's SNI name, and admin kubeconfigs name the door.
+	// FrontDoor, when set, carries every cluster: admin kubeconfigs name
+	// the door.
 	FrontDoor *frontdoor.Door
 	// Cgroups, when set, holds each control plane in a cgroup of its own with its
 	// spec's limits (tenant-NAME); nil runs them unlimited.
 	Cgroups *cgroup.Hierarchy
+	// Domain names the clusters: cluster NAME is NAME.Domain, the name its
+	// clients send (SNI), through the door or to its own port, which its
+	// serving certificate carries, its admin kubeconfig sends, and a
+	// sleeping cluster wakes for. "" is frontdoor.DefaultDomain.
+	Domain string
 }
 
 // Networks is the part of nodenet.Manager the provider uses.
@@ -121,9 +127,10 @@ type Provider struct {
 	failures map[string]map[Op]error
 	// prepared holds the clusters whose PKI, config and admin kubeconfig
 	// this daemon has written; a cluster provisioned by an earlier daemon is
-	// prepared again before its first start, so a changed front door (a new
-	// SNI name on the serving certificate, kubeconfigs that name the door)
-	// reaches existing clusters too. Under failMu.
+	// prepared again before its first start, so a changed front door or
+	// domain (a new name on the serving certificate, kubeconfigs that name
+	// the door) reaches existing clusters too; a sleeping one gets its
+	// admin kubeconfig at once (goToSleep). Under failMu.
 	prepared map[string]bool
 	// sleepers is the sleep state of clusters that may sleep (sleep.go).
 	sleepMu      sync.Mutex
@@ -525,13 +532,9 @@ func (p *Provider) controlPlaneConfig(c *v1.Cluster, l lease.Lease, endpoint str
 	if err != nil {
 		return controlplane.Config{}, err
 	}
-	var names []string
-	if p.cfg.FrontDoor != nil {
-		names = []string{p.cfg.FrontDoor.ServerName(c.Name)}
-	}
 	return controlplane.Config{
 		Name:             c.Name,
-		ServingNames:     names,
+		ServerName:       p.serverName(c.Name),
 		Dir:              ClusterDir(p.cfg.StateDir, c.Name),
 		Components:       []string{controlplane.APIServer, controlplane.ControllerManager, controlplane.Scheduler},
 		Datastore:        endpoint,
@@ -577,19 +580,31 @@ func (p *Provider) provision(ctx context.Context, c *v1.Cluster, l lease.Lease) 
 	if err := controlplane.Prepare(cfg, plan.APIService); err != nil {
 		return err
 	}
-	server, serverName := cfg.URL(), ""
-	if p.cfg.FrontDoor != nil {
-		server, serverName = p.cfg.FrontDoor.Server(), p.cfg.FrontDoor.ServerName(c.Name)
-	}
-	kc, err := pki.KubeconfigVia(cfg.PKI(), pki.Admin, c.Name, server, serverName)
-	if err != nil {
-		return err
-	}
-	if err := p.writeAdminSecret(ctx, c, kc); err != nil {
+	if err := p.writeAdminKubeconfig(ctx, c, cfg.PKI(), cfg.URL()); err != nil {
 		return err
 	}
 	p.setPrepared(c.Name, true)
 	return nil
+}
+
+// serverName is the name cluster's clients send (SNI), through the door or
+// to its own port (Config.Domain).
+func (p *Provider) serverName(cluster string) string {
+	return frontdoor.Config{Domain: cmp.Or(p.cfg.Domain, frontdoor.DefaultDomain)}.ServerName(cluster)
+}
+
+// writeAdminKubeconfig writes the cluster's admin kubeconfig Secret: the
+// door's address if there is one, else url (its own port), and its name as
+// tls-server-name either way, so the kubeconfig wakes it when it sleeps.
+func (p *Provider) writeAdminKubeconfig(ctx context.Context, c *v1.Cluster, paths pki.Paths, url string) error {
+	if p.cfg.FrontDoor != nil {
+		url = p.cfg.FrontDoor.Server()
+	}
+	kc, err := pki.KubeconfigVia(paths, pki.Admin, c.Name, url, p.serverName(c.Name))
+	if err != nil {
+		return err
+	}
+	return p.writeAdminSecret(ctx, c, kc)
 }
 
 func (p *Provider) isPrepared(cluster string) bool {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
@@ -99,13 +100,15 @@ func (p *Provider) gateFor(c *v1.Cluster, l lease.Lease) (*sleep.Gate, error) {
 	}
 	s = p.sleeperFor(c)
 	if s.gate == nil {
-		g, err := sleep.Listen(c.Name, l.Port, p.log)
+		// It wakes for the name the cluster's kubeconfigs and the door send.
+		g, err := sleep.Listen(c.Name, p.serverName(c.Name), l.Port, p.log)
 		if err != nil {
 			return nil, err
 		}
 		// The apiserver's own certificate: a failed wake is answered with it.
 		paths := pki.PathsFor(filepath.Join(ClusterDir(p.cfg.StateDir, c.Name), "pki"))
 		g.AnswerWith(paths.ServingCert, paths.ServingKey, p.sleepMetrics.FailedWakeAnswers)
+		g.CountRefused(p.sleepMetrics.WakeRefused.MustCurryWith(prometheus.Labels{"cluster": c.Name}))
 		s.gate = g
 	}
 	return s.gate, nil
@@ -130,6 +133,16 @@ func (p *Provider) goToSleep(ctx context.Context, c *v1.Cluster, l lease.Lease) 
 	}
 	if err := p.leases.ReleaseNetwork(ctx, c.Name); err != nil {
 		return fmt.Errorf("giving back the node network: %w", err)
+	}
+	// A cluster asleep since an earlier daemon is prepared again only at its
+	// wake, which its admin kubeconfig must be able to cause: it gets one that
+	// names it now (its serving certificate gets the name at the wake, before
+	// the apiserver answers).
+	if !p.isPrepared(c.Name) {
+		paths := pki.PathsFor(filepath.Join(ClusterDir(p.cfg.StateDir, c.Name), "pki"))
+		if err := p.writeAdminKubeconfig(ctx, c, paths, fmt.Sprintf("https://127.0.0.1:%d", l.Port)); err != nil {
+			return fmt.Errorf("writing the admin kubeconfig of the sleeping cluster: %w", err)
+		}
 	}
 	// Usually held since the start; bound only now for a cluster started before
 	// it could sleep (its apiserver held the port itself until it stopped).
@@ -191,12 +204,15 @@ func (p *Provider) awake(name string) bool {
 	return true
 }
 
-// forgetSleeper releases a deleted cluster's port.
+// forgetSleeper releases a deleted cluster's port and drops its series.
 func (p *Provider) forgetSleeper(name string) {
 	p.sleepMu.Lock()
 	s := p.sleepers[name]
 	delete(p.sleepers, name)
 	p.sleepMu.Unlock()
+	if p.sleepMetrics != nil {
+		p.sleepMetrics.WakeRefused.DeletePartialMatch(prometheus.Labels{"cluster": name})
+	}
 	if s != nil && s.gate != nil {
 		if err := s.gate.Close(); err != nil {
 			p.log.Warn("releasing the held port", "cluster", name, "err", err)

@@ -2,19 +2,27 @@ package provider
 
 import (
 	"context"
+	"crypto/tls"
+	"fmt"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/clientcmd"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/lease"
+	"github.com/socialweb-computer/socialweb/internal/livetest"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodeservice"
+	"github.com/socialweb-computer/socialweb/internal/pki"
 	"github.com/socialweb-computer/socialweb/internal/sleep"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
 )
@@ -90,13 +98,19 @@ func (r *recordingNetworks) Remove(_ context.Context, _ string, plan nodenet.Pla
 }
 
 // A cluster going to sleep keeps its port (the gate accepts on it), removes
-// and gives back its node network, and drops the daemon's client of it.
+// and gives back its node network, and drops the daemon's client of it. One
+// that this daemon did not prepare (asleep across a restart) gets an admin
+// kubeconfig that names it, which the gate wakes it for.
 func TestGoToSleepKeepsOnlyThePort(t *testing.T) {
 	dir := t.TempDir()
+	if _, err := pki.Ensure(filepath.Join(ClusterDir(dir, "ci"), "pki"), pki.Options{Clients: []pki.Identity{pki.Admin}}); err != nil {
+		t.Fatal(err)
+	}
 	kube := fake.NewClientset()
 	nets := &recordingNetworks{}
 	p := &Provider{
-		cfg:          Config{StateDir: dir, Defaults: Defaults{SleepAfter: time.Minute}, NodeNetworks: nets},
+		cfg:          Config{StateDir: dir, Defaults: Defaults{SleepAfter: time.Minute}, NodeNetworks: nets, Domain: "tenants.test"},
+		kube:         kube,
 		log:          slog.New(slog.DiscardHandler),
 		sup:          supervisor.New(slog.New(slog.DiscardHandler), supervisor.DefaultBackoff(), nil),
 		leases:       leaseStore{kube: kube, ports: lease.Range{Lo: 1024, Hi: 65535}, networks: lease.Range{Lo: 1, Hi: 190}},
@@ -147,6 +161,17 @@ func TestGoToSleepKeepsOnlyThePort(t *testing.T) {
 	if other, _ := p.leases.Get(ctx, "other"); other == nil || other.Network != 6 {
 		t.Errorf("another cluster's lease changed: %+v", other)
 	}
+	secret, err := kube.CoreV1().Secrets(v1.SystemNamespace).Get(ctx, AdminSecretName("ci"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("no admin kubeconfig for the sleeping cluster: %v", err)
+	}
+	kc, err := clientcmd.Load(secret.Data["kubeconfig"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl := kc.Clusters["ci"]; cl == nil || cl.Server != fmt.Sprintf("https://127.0.0.1:%d", port) || cl.TLSServerName != "ci.tenants.test" {
+		t.Errorf("the sleeping cluster's admin kubeconfig names %+v; want its port and tls-server-name ci.tenants.test", cl)
+	}
 	// Asleep again (a daemon restart): nothing more is removed.
 	if err := p.goToSleep(ctx, c, *got); err != nil {
 		t.Fatal(err)
@@ -159,4 +184,26 @@ func TestGoToSleepKeepsOnlyThePort(t *testing.T) {
 	if err != nil || woke.Port != port || woke.Network != 1 {
 		t.Errorf("the wake leased %+v (%v), want port %d and network 1", woke, err, port)
 	}
+
+	// The gate wakes it for its name only: a ClientHello that names nothing
+	// is refused and counted under the cluster; one that names it is held.
+	hello := func(serverName string) error {
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", s.gate.Addr(),
+			&tls.Config{ServerName: serverName, InsecureSkipVerify: true})
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	if err := hello(""); err == nil || !strings.Contains(err.Error(), "unrecognized name") || !s.gate.Listening() {
+		t.Errorf("a hello naming nothing: %v, gate accepting %v; want refused, still accepting", err, s.gate.Listening())
+	}
+	if n := testutil.ToFloat64(p.sleepMetrics.WakeRefused.WithLabelValues("ci", "no_name")); n != 1 {
+		t.Errorf("socialweb_cluster_wake_refused_total{cluster=ci,reason=no_name} = %v, want 1", n)
+	}
+	go hello("ci.tenants.test") // held: no apiserver answers here
+	livetest.Eventually(t, 5*time.Second, 10*time.Millisecond, "a hello naming ci.tenants.test to wake it", func() bool {
+		waking, _ := s.gate.Waking()
+		return waking
+	})
 }

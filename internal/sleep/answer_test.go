@@ -56,7 +56,7 @@ func failingGate(t *testing.T, p *pki.Paths, delay time.Duration) (*Gate, *atomi
 // failingGateOn is failingGate on port; it also returns the count of answers.
 func failingGateOn(t *testing.T, port int, p *pki.Paths, delay time.Duration) (*Gate, *atomic.Int32, prometheus.Counter) {
 	t.Helper()
-	g, err := Listen("ci", port, slog.New(slog.DiscardHandler))
+	g, err := Listen("ci", "ci."+doorDomain, port, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,16 +133,16 @@ func want503(t *testing.T, resp *http.Response) {
 
 // A failed wake answers the client that woke the cluster with a 503 over TLS
 // with the tenant's own serving certificate, over HTTP/1.1 whether or not the
-// client offers h2, by loopback address or front-door name.
+// client offers h2.
 func TestGateFailedWakeAnswers503(t *testing.T) {
 	tests := []struct {
 		name       string
 		serverName string
 		h2         bool
 	}{
-		{"HTTP/1.1 client", "", false},
-		{"client offering h2 first, as client-go", "", true},
-		{"the cluster's front-door name", "ci." + doorDomain, true},
+		{"HTTP/1.1 client", "ci." + doorDomain, false},
+		{"client offering h2 first, as client-go", "ci." + doorDomain, true},
+		{"the name in capitals (SNI is case-insensitive)", "CI." + strings.ToUpper(doorDomain), true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -168,7 +168,7 @@ func TestGateFailedWakeAnswers503(t *testing.T) {
 func TestGateFailedWakeWithoutCertificateEndsTheConnection(t *testing.T) {
 	p := tenantPKI(t, "ci")
 	g, _ := failingGate(t, nil, 0)
-	if resp, err := tlsClient(p, "", false).Get("https://" + g.Addr() + "/api/v1/pods"); err == nil {
+	if resp, err := tlsClient(p, "ci."+doorDomain, false).Get("https://" + g.Addr() + "/api/v1/pods"); err == nil {
 		resp.Body.Close()
 		t.Fatalf("a client of a failed wake without a certificate was answered %s", resp.Status)
 	}
@@ -184,7 +184,7 @@ func TestGateConcurrentWakersOfAFailedWakeEach503(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 5 {
 		wg.Go(func() {
-			resp, err := tlsClient(p, "", true).Get("https://" + g.Addr() + "/api/v1/pods")
+			resp, err := tlsClient(p, "ci."+doorDomain, true).Get("https://" + g.Addr() + "/api/v1/pods")
 			if err != nil {
 				t.Errorf("client %d: %v", i, err)
 				return
@@ -197,7 +197,7 @@ func TestGateConcurrentWakersOfAFailedWakeEach503(t *testing.T) {
 		t.Fatalf("%d starts for clients that came together, want 1", n)
 	}
 	t0 := time.Now()
-	resp, err := tlsClient(p, "", true).Get("https://" + g.Addr() + "/api/v1/pods")
+	resp, err := tlsClient(p, "ci."+doorDomain, true).Get("https://" + g.Addr() + "/api/v1/pods")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,8 +205,16 @@ func TestGateConcurrentWakersOfAFailedWakeEach503(t *testing.T) {
 	if took := time.Since(t0); starts.Load() != 1 || took > time.Second {
 		t.Errorf("within the hold: %d starts, answered in %s; want no new start, at once", starts.Load(), took)
 	}
+	// Within the hold too, a client that does not name the cluster is
+	// refused at the handshake, not answered.
+	if resp, err := tlsClient(p, "", true).Get("https://" + g.Addr() + "/api/v1/pods"); err == nil || !strings.Contains(err.Error(), "unrecognized name") {
+		if err == nil {
+			resp.Body.Close()
+		}
+		t.Errorf("within the hold, a client naming nothing got %v; want the unrecognized_name alert", err)
+	}
 	time.Sleep(2 * time.Second)
-	resp, err = tlsClient(p, "", true).Get("https://" + g.Addr() + "/api/v1/pods")
+	resp, err = tlsClient(p, "ci."+doorDomain, true).Get("https://" + g.Addr() + "/api/v1/pods")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +241,7 @@ func TestGateFailedWakeReachesClientGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	warned := &warnings{}
-	cs := kubernetes.NewForConfigOrDie(&rest.Config{Host: "https://" + g.Addr(), TLSClientConfig: rest.TLSClientConfig{CAData: ca}, WarningHandler: warned})
+	cs := kubernetes.NewForConfigOrDie(&rest.Config{Host: "https://" + g.Addr(), TLSClientConfig: rest.TLSClientConfig{CAData: ca, ServerName: "ci." + doorDomain}, WarningHandler: warned})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	t0 := time.Now()

@@ -15,6 +15,10 @@ type Metrics struct {
 	// FailedWakeAnswers counts connections answered with an HTTP 503
 	// because their wake failed (Gate.Fail).
 	FailedWakeAnswers prometheus.Counter
+	// WakeRefused counts connections to a sleeping cluster's port closed
+	// without a wake, by cluster and reason (Gate.CountRefused; the name a
+	// client asked for is never a label).
+	WakeRefused *prometheus.CounterVec
 }
 
 // NewMetrics makes the sleep and wake metrics.
@@ -28,10 +32,14 @@ func NewMetrics() *Metrics {
 			Buckets: []float64{0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60},
 		}),
 		FailedWakeAnswers: prometheus.NewCounter(prometheus.CounterOpts{Name: "socialweb_cluster_failed_wake_answers_total", Help: "Connections to a sleeping cluster answered with an HTTP 503 because its wake failed."}),
+		WakeRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "socialweb_cluster_wake_refused_total",
+			Help: "Connections to a sleeping cluster closed without waking it, by reason: no_name, other_name (the TLS ClientHello did not name the cluster), bad_hello, hello_timeout, too_many_pending.",
+		}, []string{"cluster", "reason"}),
 	}
 }
 
 // Collectors are the metrics to register.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.Sleeps, m.Wakes, m.WakeSeconds, m.FailedWakeAnswers}
+	return []prometheus.Collector{m.Sleeps, m.Wakes, m.WakeSeconds, m.FailedWakeAnswers, m.WakeRefused}
 }

@@ -92,6 +92,8 @@ func TestServeRefusesBadConfigBeforeCreatingAnything(t *testing.T) {
 		{"front door without a port", []string{"--front-door", "127.0.0.1"}, "want HOST:PORT"},
 		{"front door on a tenant port", []string{"--front-door", "127.0.0.1:9005", "--port-range", "9000-9010"}, "pick another port"},
 		{"front door on a port in use", []string{"--front-door", busy.Addr().String()}, "stop what listens there"},
+		{"front door without a connection limit", []string{"--front-door-max-conns", "0"}, "--front-door-max-conns 0: want 1 to 1048576"},
+		{"front door limit per source above the total", []string{"--front-door", "127.0.0.1:9443", "--front-door-max-conns-per-source", "100", "--front-door-max-conns", "10"}, "--front-door-max-conns-per-source 100: want 1 to the limit from everyone (10)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -31,12 +31,14 @@ import (
 	"k8s.io/client-go/transport/spdy"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/frontdoor"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 )
 
 // TestFrontDoor: one listener carries two tenants by SNI. A cluster made
-// before the door was configured gets the door's name on its serving
-// certificate and in its kubeconfig when the daemon restarts with it; each
+// before the door was configured (named under the default domain) gets the
+// door's domain on its serving certificate and in its kubeconfig when the
+// daemon restarts with it; each
 // kubeconfig reaches its own tenant through the door (list, watch, kubectl);
 // one tenant's certificate is refused under another's name; an unknown name
 // and no name at all get the same refusal; the door's metrics count per cluster.
@@ -47,8 +49,9 @@ func TestFrontDoor(t *testing.T) {
 	d := newDaemon(t, 2, "--metrics-address", metrics)
 	d.start()
 	d.mustCLI("cluster", "create", "alpha", "--wait")
-	if cl := kubeconfigCluster(t, d, "alpha"); cl.TLSServerName != "" || !strings.HasPrefix(cl.Server, "https://127.0.0.1:") {
-		t.Fatalf("without a door alpha's kubeconfig names %s (server name %q), want its own loopback port", cl.Server, cl.TLSServerName)
+	// Its name under the default domain, which wakes it on its own port if it sleeps.
+	if cl := kubeconfigCluster(t, d, "alpha"); cl.TLSServerName != "alpha."+frontdoor.DefaultDomain || !strings.HasPrefix(cl.Server, "https://127.0.0.1:") {
+		t.Fatalf("without a door alpha's kubeconfig names %s (server name %q), want its own loopback port as alpha.%s", cl.Server, cl.TLSServerName, frontdoor.DefaultDomain)
 	}
 
 	// The same state dir, now with the door (the flag's env twin works as well).

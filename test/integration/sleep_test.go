@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -26,11 +27,13 @@ import (
 )
 
 // TestSleepAndWake: a cluster with --sleep-after 30s and no nodes goes to
-// sleep (phase Asleep, its control-plane process gone); a list against its
-// own port wakes it and is answered; it sleeps again; a list through the front
-// door wakes it; `cluster get` does not wake it; after a daemon restart it is
-// still asleep, and clients that arrive together wake it and are all answered;
-// a wake that fails is answered with a 503 saying why.
+// sleep (phase Asleep, its control-plane process gone); a bare connection to
+// its port and a ClientHello that does not name it leave it asleep; a list
+// against its own port, naming it as its kubeconfig does, wakes it and is
+// answered; it sleeps again; a list through the front door wakes it; `cluster
+// get` does not wake it; after a daemon restart it is still asleep, and
+// clients that arrive together wake it and are all answered; a wake that
+// fails is answered with a 503 saying why.
 func TestSleepAndWake(t *testing.T) {
 	const (
 		name   = "nap"
@@ -47,8 +50,12 @@ func TestSleepAndWake(t *testing.T) {
 	config := filepath.Join(d.stateDir, "clusters", name, "controlplane.json")
 
 	viaDoor, _ := d.tenant(name) // the kubeconfig names the door when there is one
+	// The cluster's own port, still naming it: Go sends no SNI for 127.0.0.1.
 	own := rest.CopyConfig(viaDoor)
-	own.Host, own.TLSClientConfig.ServerName = d.cluster(name).Status.URL, ""
+	own.Host = d.cluster(name).Status.URL
+	if own.TLSClientConfig.ServerName != name+"."+domain {
+		t.Fatalf("the kubeconfig sends server name %q, want %s.%s", own.TLSClientConfig.ServerName, name, domain)
+	}
 
 	asleep := func(when string) {
 		t.Helper()
@@ -88,6 +95,35 @@ func TestSleepAndWake(t *testing.T) {
 	}
 
 	asleep("after 30s idle")
+	// Neither a bare connection nor a ClientHello without the cluster's name
+	// wakes it: the gate closes them (the bare one after its 5 s hello
+	// timeout) and counts them.
+	port := strings.TrimPrefix(own.Host, "https://")
+	bare, err := net.Dial("tcp", port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noName := rest.CopyConfig(own)
+	noName.TLSClientConfig.ServerName = ""
+	if _, err := kubernetes.NewForConfigOrDie(noName).CoreV1().Pods("").List(ctxT(t, 30*time.Second), metav1.ListOptions{}); err == nil || !strings.Contains(err.Error(), "unrecognized name") {
+		t.Errorf("a list naming no server against the sleeping port: %v; want the unrecognized_name alert", err)
+	}
+	time.Sleep(7 * time.Second)
+	bare.Close()
+	if c := d.cluster(name); c.Status.Phase != v1.PhaseAsleep || len(processesMentioning(config)) > 0 {
+		t.Fatalf("a bare connection or a hello without the name woke it: phase %s, processes %v", c.Status.Phase, processesMentioning(config))
+	}
+	if resp, err := http.Get("http://" + metrics + "/metrics"); err != nil {
+		t.Errorf("scraping the daemon's metrics: %v", err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, reason := range []string{"hello_timeout", "no_name"} {
+			if want := fmt.Sprintf(`socialweb_cluster_wake_refused_total{cluster=%q,reason=%q} 1`, name, reason); !strings.Contains(string(body), want) {
+				t.Errorf("metrics lack %s:\n%s", want, grepLines(string(body), "socialweb_cluster_wake_refused"))
+			}
+		}
+	}
 	wake("on its own port", own)
 
 	asleep("idle again")
@@ -310,8 +346,9 @@ func TestSleepingClustersGiveBackTheirNetwork(t *testing.T) {
 		t.Fatalf("a woke with gateway %q (bridge up: %v), want %s", c.Status.Gateway, bridgeUp(hi), gateway(hi))
 	}
 	// Nodes reach the apiserver at the new gateway: its certificate must name it.
+	// No server name: the check is of the gateway address itself.
 	viaGateway := rest.CopyConfig(own)
-	viaGateway.Host = fmt.Sprintf("https://%s:%d", gateway(hi), c.Status.Port)
+	viaGateway.Host, viaGateway.TLSClientConfig.ServerName = fmt.Sprintf("https://%s:%d", gateway(hi), c.Status.Port), ""
 	if _, err := kubernetes.NewForConfigOrDie(viaGateway).CoreV1().Namespaces().List(ctxT(t, time.Minute), metav1.ListOptions{}); err != nil {
 		t.Fatalf("a's apiserver at its new gateway: %v", err)
 	}

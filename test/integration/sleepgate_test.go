@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,19 +27,21 @@ import (
 // TestWakeGateWithAControlPlane runs the wake path without a daemon: a tenant
 // control plane started on a socket the gate holds (--listen-fd); the activity
 // mark moved by an admin's list and not by the daemon's user; the process
-// stopped and the port gated; a list against the sleeping port answered by a
-// control plane the gate started for it.
+// stopped and the port gated; a bare connection and the daemon's list (its
+// kubeconfig names no server) do not wake it; a list with the admin's
+// kubeconfig (which names the cluster) is answered by a control plane the
+// gate started for it.
 func TestWakeGateWithAControlPlane(t *testing.T) {
 	dir := t.TempDir()
 	port := livetest.FreePort(t)
 	cfg := controlplane.Config{Name: "gate", Dir: dir, Components: []string{controlplane.APIServer},
 		Datastore: "sqlite://" + filepath.Join(dir, "state.db"), Port: port,
 		// Not loopback (the endpoint reconciler refuses it); nothing needs to answer there.
-		AdvertiseAddress: "10.250.199.1", ServiceCIDR: "10.96.0.0/16", Tenant: true}
+		AdvertiseAddress: "10.250.199.1", ServiceCIDR: "10.96.0.0/16", Tenant: true, ServerName: "gate.socialweb.localhost"}
 	if err := controlplane.Prepare(cfg); err != nil {
 		t.Fatal(err)
 	}
-	g, err := sleep.Listen(cfg.Name, port, slog.Default())
+	g, err := sleep.Listen(cfg.Name, cfg.ServerName, port, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +131,9 @@ func TestWakeGateWithAControlPlane(t *testing.T) {
 	// Sleep: stop the process, gate the port (what the provider's OpSleep does).
 	stop()
 	woken := make(chan error, 1)
+	var starts atomic.Int32
 	if err := g.Sleep(func() {
+		starts.Add(1)
 		go func() {
 			if err := start(); err != nil {
 				woken <- err
@@ -140,6 +147,24 @@ func TestWakeGateWithAControlPlane(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// A bare connection, held past the gate's hello timeout (5 s), and a
+	// client whose kubeconfig names no server (the daemon's: Go sends no SNI
+	// for 127.0.0.1) leave it asleep.
+	bare, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = bare.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := bare.Read(make([]byte, 1)); n != 0 || err == nil || os.IsTimeout(err) {
+		t.Errorf("a bare connection read %d bytes, %v; want it closed by the gate without an answer", n, err)
+	}
+	_, err = as(pki.Daemon).CoreV1().Namespaces().List(ctxT(t, 30*time.Second), metav1.ListOptions{})
+	if err == nil || !strings.Contains(err.Error(), "unrecognized name") {
+		t.Errorf("the daemon's list against the sleeping port: %v; want the unrecognized_name alert", err)
+	}
+	if n := starts.Load(); n != 0 || !g.Listening() {
+		t.Fatalf("%d starts, gate accepting %v: a bare connection or a client naming nothing woke the cluster", n, g.Listening())
+	}
 	t1 := time.Now()
 	pods, err := as(pki.Admin).CoreV1().Pods("").List(ctxT(t, time.Minute), metav1.ListOptions{})
 	if err != nil {
@@ -148,5 +173,8 @@ func TestWakeGateWithAControlPlane(t *testing.T) {
 	t.Logf("a list against the sleeping port was answered in %s (%d pods)", time.Since(t1).Round(time.Millisecond), len(pods.Items))
 	if err := <-woken; err != nil {
 		t.Fatal(err)
+	}
+	if n := starts.Load(); n != 1 {
+		t.Errorf("%d starts, want 1", n)
 	}
 }
