@@ -21,8 +21,8 @@ import (
 func TestValidateEgress(t *testing.T) {
 	base := Options{
 		StateDir: t.TempDir(), APIPort: 7443, PortRange: "7500-7599", NetworkRange: "1-190", Accel: "tcg",
-		FrontDoorDomain: frontdoor.DefaultDomain,
-		Defaults:        provider.Defaults{MaxNodes: 1, NodeCPUs: 1, PodsPerNode: 1, NodeMemory: resource.MustParse("1Gi")},
+		FrontDoorDomain: frontdoor.DefaultDomain, FrontDoorMaxConnsPerSource: frontdoor.DefaultMaxConnsPerSource, FrontDoorMaxConns: frontdoor.DefaultMaxConns,
+		Defaults: provider.Defaults{MaxNodes: 1, NodeCPUs: 1, PodsPerNode: 1, NodeMemory: resource.MustParse("1Gi")},
 	}
 	pfx := func(ss ...string) []netip.Prefix {
 		var ps []netip.Prefix
