@@ -104,7 +104,7 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&cpMemory, "default-control-plane-memory", "2Gi", "memory cap of a cluster's control-plane process (its own cgroup: past it the kernel kills that process alone, and it is restarted), for a cluster that does not say; at least "+v1.MinControlPlaneMemory+", or 0 for none; an idle one holds about 300Mi")
 	f.Int32Var(&o.Defaults.ControlPlanePIDs, "default-control-plane-pids", 4096, fmt.Sprintf("cap on a control plane's threads and processes (pids.max), for a cluster that does not say; at least %d", v1.MinControlPlanePIDs))
 	f.Int32Var(&o.Defaults.ControlPlaneCPUWeight, "default-control-plane-cpu-weight", 100, "CPU share of a control plane against other tenants (cpu.weight, 1-10000; 100 is an ordinary process), for a cluster that does not say")
-	f.StringVar(&o.CgroupParent, "cgroup-parent", "socialweb", `cgroup (under /sys/fs/cgroup, v2 or v1) each control plane gets a group of its own in, with its limits; "" runs control planes unlimited`)
+	f.StringVar(&o.CgroupParent, "cgroup-parent", daemon.DefaultCgroupParent, `cgroup (under /sys/fs/cgroup, v2 or v1) each control plane gets a group of its own in, with its limits; "" runs control planes unlimited; where the host gives none, the default serves without limits and says so, another value refuses to start`)
 	f.StringVar(&gogc, "controlplane-gogc", "50", `GOGC of each control-plane process ("" leaves Go's default): lower trades CPU for memory`)
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	documentEnv(f)

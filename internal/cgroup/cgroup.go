@@ -64,6 +64,10 @@ func Open(root, parent string) (*Hierarchy, error) {
 	h := &Hierarchy{root: root, parent: parent}
 	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
 		h.v2 = true
+		// Now, not at the first Ensure: a host that cannot delegate says so at start.
+		if err := h.enableV2(); err != nil {
+			return nil, err
+		}
 		return h, nil
 	}
 	for _, c := range controllers() {
@@ -99,6 +103,7 @@ func (h *Hierarchy) Ensure(name string, l Limits) (*Group, error) {
 		return nil, fmt.Errorf("cgroup name %q: want one path component", name)
 	}
 	if h.v2 {
+		// Again: the parent may have been removed since Open.
 		if err := h.enableV2(); err != nil {
 			return nil, err
 		}

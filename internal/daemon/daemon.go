@@ -49,6 +49,9 @@ import (
 // AdminKubeconfig is the management API's admin kubeconfig in the state dir.
 const AdminKubeconfig = "admin.kubeconfig"
 
+// DefaultCgroupParent is --cgroup-parent's default.
+const DefaultCgroupParent = "socialweb"
+
 // Options configure the daemon; cmd/socialweb maps flags onto them.
 type Options struct {
 	StateDir     string
@@ -241,7 +244,15 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 		return v, err
 	}
 	if o.CgroupParent != "" {
-		if v.cgroups, err = cgroup.Open("/sys/fs/cgroup", o.CgroupParent); err != nil {
+		v.cgroups, err = cgroup.Open("/sys/fs/cgroup", o.CgroupParent)
+		switch {
+		case err != nil && o.CgroupParent == DefaultCgroupParent:
+			// The default on a host that cannot give us cgroups (a container without
+			// delegation): serve, loudly, rather than not at all.
+			log.Warn("control planes run WITHOUT memory, pids and CPU limits: this host gives no cgroups to socialweb; "+
+				"delegate them (systemd: Delegate=yes) or pass --cgroup-parent \"\" to say so", "err", err)
+			v.cgroups = nil
+		case err != nil:
 			return v, fmt.Errorf("--cgroup-parent %q: %w; pass --cgroup-parent \"\" to run control planes without limits", o.CgroupParent, err)
 		}
 	}
