@@ -3,6 +3,9 @@
 # (bench/controlplane) side by side, arms alternating, for the tree before them
 # (BASE, built in a worktree), this tree, and this tree without cgroups.
 #   bench/walls.sh [BASE_REV (default 81382b7)] [ROUNDS (default 2)]
+# Run it alone on the host: its daemons take node network indexes from 1, and a
+# cluster they delete removes that index's bridge and table even if another
+# daemon's (a test's) cluster holds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base="${1:-81382b7}" rounds="${2:-2}"
