@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -46,7 +47,8 @@ func newControlPlaneCommand() *cobra.Command {
 	return cmd
 }
 
-// noNewPrivsEnv marks the process image that already runs with no_new_privs.
+// noNewPrivsEnv marks the process image that already runs with no_new_privs; its
+// value is the daemon's pid.
 const noNewPrivsEnv = "SOCIALWEB_CONTROLPLANE_NO_NEW_PRIVS"
 
 // noNewPrivs makes the control plane, which serves tenants, unable to gain
@@ -55,7 +57,16 @@ const noNewPrivsEnv = "SOCIALWEB_CONTROLPLANE_NO_NEW_PRIVS"
 // on this one and the process image is executed again from it: every thread of
 // the new image has it. The pid, its cgroup and inherited fds stay.
 func noNewPrivs() error {
-	if os.Getenv(noNewPrivsEnv) == "1" {
+	if parent := os.Getenv(noNewPrivsEnv); parent != "" {
+		// The parent-death signal the daemon set is per thread, and the exec may
+		// have come from a thread other than the first, which never had it: set it
+		// again, then make sure the daemon did not die before that.
+		if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(syscall.SIGKILL), 0, 0, 0); err != nil {
+			return fmt.Errorf("setting the parent-death signal: %w", err)
+		}
+		if strconv.Itoa(os.Getppid()) != parent {
+			return fmt.Errorf("the daemon that started this control plane (pid %s) is gone", parent)
+		}
 		return nil
 	}
 	runtime.LockOSThread()
@@ -63,7 +74,7 @@ func noNewPrivs() error {
 		return fmt.Errorf("setting no_new_privs: %w", err)
 	}
 	// /proc/self/exe: this very build, even if an upgrade replaced the file.
-	env := append(os.Environ(), noNewPrivsEnv+"=1")
+	env := append(os.Environ(), noNewPrivsEnv+"="+strconv.Itoa(os.Getppid()))
 	if err := syscall.Exec("/proc/self/exe", os.Args, env); err != nil {
 		return fmt.Errorf("running again with no_new_privs: %w", err)
 	}

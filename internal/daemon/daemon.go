@@ -67,6 +67,9 @@ type Options struct {
 	Egress      string
 	EgressAllow []string
 	EgressDeny  []string
+	// GatewayTCPAllow are TCP ports on each gateway opened to every tenant's
+	// nodes for a service the operator runs on the host.
+	GatewayTCPAllow []string
 	// NodeImage is a built node image directory; empty keeps clusters at
 	// zero nodes.
 	NodeImage string
@@ -182,6 +185,9 @@ func validateEgress(o Options) (nodenet.EgressPolicy, error) {
 	}
 	if p.Deny, err = nodenet.ParsePrefixes(o.EgressDeny); err != nil {
 		return p, fmt.Errorf("--egress-deny %w", err)
+	}
+	if p.HostTCP, err = nodenet.ParsePorts(o.GatewayTCPAllow); err != nil {
+		return p, fmt.Errorf("--gateway-tcp-allow %w", err)
 	}
 	return p, nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -17,6 +18,9 @@ import (
 type Served struct {
 	APIServer int // the tenant apiserver: the cluster's leased port
 	Registry  int // the host registry (nodeservice.RegistryPort); 0: none
+	// Extra are TCP ports the operator opened on every gateway for a service of
+	// its own on the host (EgressPolicy.HostTCP).
+	Extra []int
 }
 
 // DNSPort is the gateway's DNS forwarder (UDP and TCP), served to every cluster.
@@ -34,7 +38,7 @@ func (s Served) check() error {
 
 // tcpPorts are the gateway's TCP ports open to the bridge, sorted, each once.
 func (s Served) tcpPorts() []int {
-	ports := []int{DNSPort, s.APIServer}
+	ports := append([]int{DNSPort, s.APIServer}, s.Extra...)
 	if s.Registry != 0 {
 		ports = append(ports, s.Registry)
 	}
@@ -70,6 +74,10 @@ type EgressPolicy struct {
 	Mode  Egress
 	Allow []netip.Prefix // opened though walled (or under EgressNone)
 	Deny  []netip.Prefix // closed; wins over Allow
+	// HostTCP are TCP ports on each cluster's gateway the operator opens to its
+	// nodes besides the ones socialweb serves (a git server or cache it runs on the
+	// host for them): every tenant's nodes reach that host service.
+	HostTCP []int
 }
 
 // Walled returns the IPv4 ranges a cluster's forwarded traffic may not
@@ -201,4 +209,17 @@ func (e EgressPolicy) check() error {
 		}
 	}
 	return nil
+}
+
+// ParsePorts reads TCP port numbers, 1 to 65535.
+func ParsePorts(ss []string) ([]int, error) {
+	var ports []int
+	for _, s := range ss {
+		p, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || p < 1 || p > 65535 {
+			return nil, fmt.Errorf("%q is not a TCP port: want 1 to 65535", s)
+		}
+		ports = append(ports, p)
+	}
+	return ports, nil
 }

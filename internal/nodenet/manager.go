@@ -75,6 +75,7 @@ func (m *Manager) Ensure(ctx context.Context, cluster string, plan Plan, served 
 	if err := checkPlan(plan); err != nil {
 		return err
 	}
+	served.Extra = append(served.Extra, m.Egress.HostTCP...)
 	if err := served.check(); err != nil {
 		return fmt.Errorf("ensuring the network of cluster %s: %w", cluster, err)
 	}

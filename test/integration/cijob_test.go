@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -72,7 +73,10 @@ func TestCIJob(t *testing.T) {
 	// credential names the door and the cluster's SNI name, so the attach, the execs and
 	// the watches of the job all pass through it (issue 13).
 	door := fmt.Sprintf("127.0.0.1:%d", livetest.FreePort(t))
-	d := newDaemon(t, 1, "--node-image", img, "--front-door", door)
+	// The job clones from a git server on the host's gateway (GitLab's stand-in):
+	// nodes reach no host port socialweb does not serve unless the operator opens it.
+	gitPort := livetest.FreePort(t)
+	d := newDaemon(t, 1, "--node-image", img, "--front-door", door, "--gateway-tcp-allow", strconv.Itoa(gitPort))
 	// Pushed once, before the daemon starts, as an operator seeds the host registry.
 	d.mustCLI("image", "push", builderTar)
 	d.start()
@@ -91,7 +95,7 @@ func TestCIJob(t *testing.T) {
 			runnerCfg.Host, runnerCfg.TLSClientConfig.ServerName, door)
 	}
 	runner := kubernetes.NewForConfigOrDie(runnerCfg)
-	gitURL := serveGit(t, d.cluster("ci").Status.Gateway, repos)
+	gitURL := serveGit(t, net.JoinHostPort(d.cluster("ci").Status.Gateway, strconv.Itoa(gitPort)), repos)
 	if nl, err := admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil || len(nl.Items) != 0 {
 		t.Fatalf("the cluster should start at zero nodes: %v (%v)", nl, err)
 	}

@@ -68,9 +68,9 @@ func gitRepoOfModule(t *testing.T, ctx context.Context, module, version, name st
 }
 
 // serveGit serves the repositories under root over git's smart HTTP protocol (git
-// http-backend as a CGI program, as a git server does) on host:0, until the test ends.
-// It returns the base URL.
-func serveGit(t *testing.T, host, root string) string {
+// http-backend as a CGI program, as a git server does) on addr (host:port), until the
+// test ends. It returns the base URL.
+func serveGit(t *testing.T, addr, root string) string {
 	t.Helper()
 	execPath, err := exec.Command("git", "--exec-path").Output()
 	if err != nil {
@@ -80,7 +80,7 @@ func serveGit(t *testing.T, host, root string) string {
 	if _, err := os.Stat(backend); err != nil {
 		livetest.Skip(t, "needs git-http-backend: "+err.Error())
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatalf("git server: %v", err)
 	}
