@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -87,7 +88,7 @@ func TestEnsureNetworkServesTheLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := nodenet.Served{APIServer: 7512, Registry: nodeservice.RegistryPort}
-	if !slices.Equal(nets.ensured, []int{5}) || len(nets.served) != 1 || nets.served[0] != want {
+	if !slices.Equal(nets.ensured, []int{5}) || len(nets.served) != 1 || !reflect.DeepEqual(nets.served[0], want) {
 		t.Errorf("ensured %v serving %+v, want network 5 serving %+v", nets.ensured, nets.served, want)
 	}
 }
