@@ -24,6 +24,9 @@ const (
 	errRangeInvalid        = "RANGE_INVALID" // not in the spec's table; what distribution sends with 416
 	errPaginationInvalid   = "PAGINATION_NUMBER_INVALID"
 	errDenied              = "DENIED"
+	errUnauthorized        = "UNAUTHORIZED"
+	errTooManyRequests     = "TOOMANYREQUESTS"
+	errUnavailable         = "UNAVAILABLE" // distribution's code for a 503
 )
 
 var errStatus = map[string]int{
@@ -42,6 +45,9 @@ var errStatus = map[string]int{
 	errRangeInvalid:        http.StatusRequestedRangeNotSatisfiable,
 	errPaginationInvalid:   http.StatusBadRequest,
 	errDenied:              http.StatusForbidden,
+	errUnauthorized:        http.StatusUnauthorized,
+	errTooManyRequests:     http.StatusTooManyRequests,
+	errUnavailable:         http.StatusServiceUnavailable,
 }
 
 // Error is a registry error with its OCI error code (MANIFEST_UNKNOWN, BLOB_UNKNOWN, ...).

@@ -34,12 +34,22 @@ type Server struct {
 	// are here), once the manifest is in place. It runs in the storing goroutine: queue
 	// work, do not do it there (internal/layerstore's Preparer.Enqueue returns at once).
 	LayersStored func([]Layer)
+	// Upstream, if set, fetches what nodes ask for under another registry's name and
+	// the store lacks (pull-through); nil serves only what was pushed (offline).
+	Upstream *Upstream
+	// MaxBlobSize caps one blob fetched from upstream; 0 is DefaultMaxBlobSize.
+	MaxBlobSize int64
 
 	once    sync.Once
 	initErr error
 	st      *store
 	names   names
 	log     *slog.Logger
+	metrics pullMetrics
+
+	fillMu   sync.Mutex
+	fills    map[string]*fill     // blobs being fetched from upstream, by digest
+	awaiting map[string]time.Time // pulled image manifests whose blobs are not all here
 }
 
 func (s *Server) init() error {
@@ -50,6 +60,12 @@ func (s *Server) init() error {
 		}
 		s.names = newNames(s.SelfHosts)
 		s.st, s.initErr = openStore(s.Dir, s.log)
+		if s.initErr == nil && s.Upstream != nil {
+			if err := s.Upstream.Validate(); err != nil {
+				s.initErr = fmt.Errorf("registry upstream: %w", err)
+			}
+			s.Upstream.init()
+		}
 	})
 	return s.initErr
 }
@@ -80,6 +96,9 @@ func (s *Server) handler(pullOnly bool) http.Handler {
 			fail(rec, errf(errDenied, "%s: nodes may only pull (GET and HEAD); images are added on the host with `socialweb image push`", denied))
 		default:
 			s.serve(rec, r)
+		}
+		if pullOnly && isRead(r.Method) {
+			s.metrics.served(rec.bytes)
 		}
 		if denied != "" {
 			s.log.Warn("registry refused a node's request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", denied)
@@ -286,7 +305,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	case "manifest":
 		s.manifest(w, r, name, rt)
 	case "blob":
-		s.blob(w, r, rt)
+		s.blob(w, r, name, rt)
 	case "upload":
 		s.upload(w, r, name, rt, ns)
 	}
@@ -352,7 +371,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func (s *Server) manifest(w http.ResponseWriter, r *http.Request, name string, rt route) {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
-		content, mt, digest, err := s.st.getManifest(name, rt.ref)
+		content, mt, digest, err := s.lookupManifest(r.Context(), name, rt.ref)
 		if err != nil {
 			fail(w, err)
 			return
@@ -393,12 +412,18 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, name string, r
 // blob serves a blob. Blobs are global (content-addressed, shared by every repository),
 // so any repository name serves any blob: pulls through the mirror never miss a layer
 // another name pushed.
-func (s *Server) blob(w http.ResponseWriter, r *http.Request, rt route) {
+func (s *Server) blob(w http.ResponseWriter, r *http.Request, name string, rt route) {
 	if !isRead(r.Method) {
 		fail(w, errf(errUnsupported, "%s on a blob is not supported", r.Method))
 		return
 	}
 	f, err := s.st.openBlob(rt.ref)
+	if IsCode(err, errBlobUnknown) && s.Upstream != nil {
+		if up, ok := splitCanonical(name); ok && !s.names.isSelf(up.registry) {
+			s.pullBlob(w, r, up, rt.ref)
+			return
+		}
+	}
 	if err != nil {
 		fail(w, err)
 		return
