@@ -294,18 +294,18 @@ func copyFile(src, dst string) error {
 func TestValidateUpstream(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		u    Upstream
+		u    *Upstream
 		err  string
 	}{
-		{"empty", Upstream{}, ""},
-		{"mirror", Upstream{Mirrors: map[string]string{"docker.io": "https://mirror.example"}}, ""},
-		{"plain http mirror", Upstream{Mirrors: map[string]string{"registry.example:5000": "http://10.0.0.5:5000"}}, ""},
-		{"mirror with a path", Upstream{Mirrors: map[string]string{"docker.io": "https://mirror.example/v2"}}, "no path"},
-		{"mirror not a URL", Upstream{Mirrors: map[string]string{"docker.io": "mirror.example"}}, "http(s)://"},
-		{"mirror of a non-registry", Upstream{Mirrors: map[string]string{"library": "https://m.example"}}, "not a registry host"},
-		{"pattern", Upstream{Allow: []string{"*.example.com", "quay.io"}, Deny: []string{"ghcr.io"}}, ""},
-		{"bad pattern", Upstream{Deny: []string{"ghcr.io/org"}}, "*.suffix"},
-		{"negative TTL", Upstream{TagTTL: -time.Second}, "negative"},
+		{"empty", &Upstream{}, ""},
+		{"mirror", &Upstream{Mirrors: map[string]string{"docker.io": "https://mirror.example"}}, ""},
+		{"plain http mirror", &Upstream{Mirrors: map[string]string{"registry.example:5000": "http://10.0.0.5:5000"}}, ""},
+		{"mirror with a path", &Upstream{Mirrors: map[string]string{"docker.io": "https://mirror.example/v2"}}, "no path"},
+		{"mirror not a URL", &Upstream{Mirrors: map[string]string{"docker.io": "mirror.example"}}, "http(s)://"},
+		{"mirror of a non-registry", &Upstream{Mirrors: map[string]string{"library": "https://m.example"}}, "not a registry host"},
+		{"pattern", &Upstream{Allow: []string{"*.example.com", "quay.io"}, Deny: []string{"ghcr.io"}}, ""},
+		{"bad pattern", &Upstream{Deny: []string{"ghcr.io/org"}}, "*.suffix"},
+		{"negative TTL", &Upstream{TagTTL: -time.Second}, "negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.u.Validate()
