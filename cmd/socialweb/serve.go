@@ -15,6 +15,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/daemon"
 	"github.com/socialweb-computer/socialweb/internal/frontdoor"
 	"github.com/socialweb-computer/socialweb/internal/layershare"
+	"github.com/socialweb-computer/socialweb/internal/registry"
 )
 
 func newServeCommand(g *globalOptions) *cobra.Command {
@@ -78,6 +79,12 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.StringSliceVar(&o.EgressAllow, "egress-allow", nil, "IPv4 CIDRs nodes may reach though walled off (or under --egress none), comma-separated, e.g. an internal registry 192.168.5.0/24; empty opens none")
 	f.StringSliceVar(&o.GatewayTCPAllow, "gateway-tcp-allow", nil, "TCP ports on each cluster's gateway that nodes may reach besides the apiserver, registry and DNS, comma-separated: a service the operator runs on the host for its nodes (a git server, a cache), open to every tenant's nodes; empty opens none")
 	f.StringSliceVar(&o.EgressDeny, "egress-deny", nil, "IPv4 CIDRs nodes may not reach, comma-separated; wins over --egress-allow; empty closes no more")
+	f.StringSliceVar(&o.RegistryMirrors, "registry-mirror", nil, "REGISTRY=URL pairs, comma-separated: fetch images of REGISTRY from URL (http(s)://host[:port]) instead of the registry itself, e.g. docker.io=https://mirror.example; a mirror may be on a private address, a registry a node names may not; empty uses none")
+	f.StringSliceVar(&o.RegistryCAs, "registry-ca", nil, "PEM CA bundle files trusted for upstream registries and mirrors besides the host's roots, comma-separated; empty adds none")
+	f.StringSliceVar(&o.RegistryAllow, "registry-allow", nil, "the only registries the host fetches images from for nodes (a host such as quay.io or registry.example:5000, or *.example.com), comma-separated; empty allows every registry")
+	f.StringSliceVar(&o.RegistryDeny, "registry-deny", nil, "registries the host never fetches images from for nodes (same forms as --registry-allow), comma-separated; wins over --registry-allow; empty denies none")
+	f.DurationVar(&o.RegistryTagTTL, "registry-tag-ttl", registry.DefaultTagTTL, "how long a tag pulled from upstream is served before upstream is asked whether it moved (a digest is never asked again; a tag pushed with `socialweb image push` is never replaced)")
+	f.BoolVar(&o.RegistryOffline, "registry-offline", false, "fetch from no upstream registry: nodes get only images pushed with `socialweb image push`")
 	f.StringVar(&o.NodeImage, "node-image", "", `node image directory (the "dir" that `+"`socialweb image build`"+` prints); empty keeps clusters at zero nodes`)
 	f.DurationVar(&o.NodeBootTimeout, "node-boot-timeout", 5*time.Minute, "how long a node VM may take to register its Node before it is reported on the Cluster and deleted; a registered node not yet Ready counts as capacity for as long")
 	f.StringVar(&o.Accel, "accel", "auto", "node accelerator: auto (KVM if a guest of the node image boots under it, checked once per host boot, else TCG), kvm (refused at start where no guest boots under it) or tcg")

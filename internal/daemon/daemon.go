@@ -5,6 +5,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -43,6 +44,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/nodeservice"
 	"github.com/socialweb-computer/socialweb/internal/pki"
 	"github.com/socialweb-computer/socialweb/internal/provider"
+	"github.com/socialweb-computer/socialweb/internal/registry"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
 )
 
@@ -70,6 +72,16 @@ type Options struct {
 	// GatewayTCPAllow are TCP ports on each gateway opened to every tenant's
 	// nodes for a service the operator runs on the host.
 	GatewayTCPAllow []string
+	// Registry* configure the pull-through cache nodes pull from: a mirror per
+	// upstream registry (REGISTRY=URL), extra CA files for upstream TLS, the
+	// registries fetched from (Allow, empty all) and never (Deny, wins), how long
+	// a pulled tag is trusted, and Offline (serve only what was pushed).
+	RegistryMirrors []string
+	RegistryCAs     []string
+	RegistryAllow   []string
+	RegistryDeny    []string
+	RegistryTagTTL  time.Duration
+	RegistryOffline bool
 	// NodeImage is a built node image directory; empty keeps clusters at
 	// zero nodes.
 	NodeImage string
@@ -173,6 +185,44 @@ func warmPoolShape(d provider.Defaults) qemu.PoolShape {
 	return qemu.PoolShape{CPUs: int64(d.NodeCPUs), MemoryMiB: d.NodeMemory.Value() >> 20, DiskMiB: d.NodeDisk.Value() >> 20}
 }
 
+// validateUpstream reads the --registry-* flags; nil is offline.
+func validateUpstream(o Options) (*registry.Upstream, error) {
+	if o.RegistryOffline {
+		if len(o.RegistryMirrors)+len(o.RegistryCAs)+len(o.RegistryAllow)+len(o.RegistryDeny) > 0 {
+			return nil, errors.New("--registry-offline fetches from no registry: drop --registry-mirror, --registry-ca, --registry-allow and --registry-deny, or drop --registry-offline")
+		}
+		return nil, nil
+	}
+	mirrors, err := registry.ParseMirrors(o.RegistryMirrors)
+	if err != nil {
+		return nil, fmt.Errorf("--registry-mirror %w", err)
+	}
+	u := &registry.Upstream{Mirrors: mirrors, Allow: o.RegistryAllow, Deny: o.RegistryDeny, TagTTL: o.RegistryTagTTL}
+	if o.RegistryTagTTL == 0 {
+		u.TagTTL = registry.DefaultTagTTL
+	}
+	if len(o.RegistryCAs) > 0 {
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		for _, f := range o.RegistryCAs {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return nil, fmt.Errorf("--registry-ca %s: %w", f, err)
+			}
+			if !pool.AppendCertsFromPEM(b) {
+				return nil, fmt.Errorf("--registry-ca %s: no PEM certificate in it; want a CA bundle in PEM", f)
+			}
+		}
+		u.RootCAs = pool
+	}
+	if err := u.Validate(); err != nil {
+		return nil, fmt.Errorf("--registry-*: %w", err)
+	}
+	return u, nil
+}
+
 // validateEgress reads --egress, --egress-allow and --egress-deny.
 func validateEgress(o Options) (nodenet.EgressPolicy, error) {
 	var p nodenet.EgressPolicy
@@ -198,6 +248,7 @@ type validated struct {
 	ports    lease.Range
 	networks lease.Range
 	egress   nodenet.EgressPolicy
+	upstream *registry.Upstream // nil: offline
 	store    datastore.Store
 	// verdict is the node accelerator chosen by probing (nil without a node image).
 	verdict *qemu.Verdict
@@ -230,6 +281,9 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 		return v, fmt.Errorf("--network-range %s: the highest network index is %d", v.networks, nodenet.MaxIndex)
 	}
 	if v.egress, err = validateEgress(o); err != nil {
+		return v, err
+	}
+	if v.upstream, err = validateUpstream(o); err != nil {
 		return v, err
 	}
 	if o.Defaults.MaxNodes < 0 || o.Defaults.NodeCPUs < 1 || o.Defaults.PodsPerNode < 1 || o.Defaults.Hold < 0 || o.Defaults.NodeMemory.Sign() <= 0 {
@@ -424,7 +478,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	nodeServices, err := nodeservice.Start(ctx,
 		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, TCGGuestASLR: v.TCGGuestASLR, BootTimeout: v.NodeBootTimeout,
 			SharedLayers: v.SharedLayers, Executable: v.Executable, WarmPool: v.WarmPool, WarmPoolShape: warmPoolShape(v.Defaults),
-			WarmPoolPrewarm: v.WarmPoolPrewarm, WarmPoolRefillDelay: v.WarmPoolRefillDelay},
+			WarmPoolPrewarm: v.WarmPoolPrewarm, WarmPoolRefillDelay: v.WarmPoolRefillDelay, Upstream: v.upstream},
 		nodeservice.Deps{Networks: nets, Plan: plan, Status: provider.ScaleStatus{Client: dyn}, Metrics: reg, Log: log})
 	if err != nil {
 		return err

@@ -58,6 +58,9 @@ type Config struct {
 	// WarmPoolRefillDelay: how long after a claim the replacement pool VM boots
 	// (qemu.Config.PoolRefillDelay; 0 at once).
 	WarmPoolRefillDelay time.Duration
+	// Upstream makes the registry a pull-through cache of other registries; nil
+	// serves only pushed images.
+	Upstream *registry.Upstream
 }
 
 // LayersDir is the host layer store under a daemon's state dir.
@@ -121,7 +124,18 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 	if err := os.MkdirAll(regDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the registry dir: %w", err)
 	}
-	rs := &registry.Server{Dir: regDir, Logger: log.With("component", "registry")}
+	rs := &registry.Server{Dir: regDir, Logger: log.With("component", "registry"), Upstream: cfg.Upstream}
+	if deps.Metrics != nil {
+		if err := deps.Metrics.Register(rs.Collector()); err != nil {
+			qp.Close()
+			return nil, fmt.Errorf("registering the registry's metrics: %w", err)
+		}
+	}
+	if cfg.Upstream != nil {
+		log.Info("registry pulls through from upstream registries", "mirrors", cfg.Upstream.MirrorList(), "allow", cfg.Upstream.Allow, "deny", cfg.Upstream.Deny, "tagTTL", cfg.Upstream.TagTTL)
+	} else {
+		log.Info("registry is offline: nodes get only images pushed with `socialweb image push`")
+	}
 	if store != nil {
 		if err := startPreparer(ctx, store, rs, deps); err != nil {
 			return nil, err
