@@ -23,9 +23,13 @@ func newImageListCommand(g *globalOptions) *cobra.Command {
 				return fmt.Errorf("listing the registry in %s: %w", g.stateDir, err)
 			}
 			w := tabwriter.NewWriter(os.Stdout, 0, 4, 3, ' ', 0)
-			fmt.Fprintln(w, "NAME\tTAG\tDIGEST\tSIZE")
+			fmt.Fprintln(w, "NAME\tTAG\tDIGEST\tSIZE\tSEEN BY")
 			for _, r := range list {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%d\n", r.Name, r.Tag, r.Digest, r.Size)
+				seen := "every cluster"
+				if r.Cluster != "" {
+					seen = "cluster " + r.Cluster
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", r.Name, r.Tag, r.Digest, r.Size, seen)
 			}
 			return w.Flush()
 		},

@@ -15,8 +15,9 @@ import (
 
 func newImagePushCommand(g *globalOptions) *cobra.Command {
 	var (
-		refs   []string
-		shared bool
+		refs    []string
+		shared  bool
+		cluster string
 	)
 	cmd := &cobra.Command{
 		Use:   "push TARBALL [--ref NAME:TAG]",
@@ -28,6 +29,13 @@ func newImagePushCommand(g *globalOptions) *cobra.Command {
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if cluster != "" {
+				// Checked first: an image pushed for a cluster that is not there would
+				// sit where no node ever looks.
+				if _, err := os.Stat(filepath.Join(g.stateDir, "clusters", cluster)); err != nil {
+					return usageError{fmt.Errorf("--cluster %s: no such cluster on this host (state dir %s; `socialweb cluster list` names them)", cluster, g.stateDir)}
+				}
+			}
 			f, err := os.Open(args[0])
 			if err != nil {
 				return fmt.Errorf("opening %s: %w", args[0], err)
@@ -39,7 +47,12 @@ func newImagePushCommand(g *globalOptions) *cobra.Command {
 			if shared {
 				rs.LayersStored = func(ls []registry.Layer) { layers = append(layers, ls...) }
 			}
-			loaded, err := rs.Import(cmd.Context(), f, refs...)
+			var loaded []string
+			if cluster != "" {
+				loaded, err = rs.ImportFor(cmd.Context(), cluster, f, refs...)
+			} else {
+				loaded, err = rs.Import(cmd.Context(), f, refs...)
+			}
 			if err != nil {
 				return fmt.Errorf("loading %s: %w", args[0], err)
 			}
@@ -55,6 +68,7 @@ func newImagePushCommand(g *globalOptions) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringSliceVar(&refs, "ref", nil, "name the image (e.g. docker.io/library/app:1); the tarball must then hold one image")
+	cmd.Flags().StringVar(&cluster, "cluster", "", "push the image for this cluster's nodes alone (they see it before a shared image of the same name; no other cluster sees it; it goes when the cluster is deleted); empty pushes it for every cluster")
 	cmd.Flags().BoolVar(&shared, "shared-layers", true, "also unpack the image's layers into <state-dir>/layers, where node VMs of a serve --shared-layers find them (a daemon also does it for images it finds missing when it starts)")
 	documentEnv(cmd.Flags())
 	return cmd

@@ -52,7 +52,7 @@ type Host struct {
 
 	provider nodes.NodeProvider
 	joiners  *Joiners
-	registry http.Handler
+	registry func(cluster string) http.Handler
 	status   scaledriver.StatusRecorder
 	metrics  prometheus.Registerer
 	log      *slog.Logger
@@ -69,7 +69,10 @@ type running struct {
 // New returns a Host. provider may be nil: clusters then stay at zero nodes
 // and Start says why once. Otherwise joiners is the provider's Joiner: Start
 // registers each cluster's minter there, and Stop removes it.
-func New(provider nodes.NodeProvider, joiners *Joiners, registry http.Handler, status scaledriver.StatusRecorder, metrics prometheus.Registerer, log *slog.Logger) *Host {
+//
+// registry gives the handler a cluster's nodes are served on its gateway (the
+// registry's NodeHandlerFor: pulls only, that cluster's view); nil serves none.
+func New(provider nodes.NodeProvider, joiners *Joiners, registry func(cluster string) http.Handler, status scaledriver.StatusRecorder, metrics prometheus.Registerer, log *slog.Logger) *Host {
 	return &Host{provider: provider, joiners: joiners, registry: registry, status: status, metrics: metrics, log: log, clusters: map[string]*running{}}
 }
 
@@ -151,7 +154,7 @@ func (h *Host) serveRegistry(ctx context.Context, cluster, addr string) {
 			}
 			continue
 		}
-		srv := &http.Server{Handler: h.registry, ReadHeaderTimeout: 10 * time.Second}
+		srv := &http.Server{Handler: h.registry(cluster), ReadHeaderTimeout: 10 * time.Second}
 		go func() { <-ctx.Done(); _ = srv.Close() }()
 		h.log.Info("registry serving the cluster's nodes", "cluster", cluster, "address", addr)
 		_ = srv.Serve(l)

@@ -144,7 +144,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 	go seedImages(ctx, rs, log)
 	// qp itself, not a wrapper: the node services find its optional sides (Addresser,
 	// Diagnoser, EarlyBootWatcher, AcceleratorReporter) by type assertion.
-	host := New(qp, joiners, rs.NodeHandler(), deps.Status, deps.Metrics, log.With("component", "nodes"))
+	host := New(qp, joiners, rs.NodeHandlerFor, deps.Status, deps.Metrics, log.With("component", "nodes"))
 	host.BootTimeout = cfg.BootTimeout
 	nets := deps.Networks
 	host.PodRoutes = func(c Cluster) podroutes.Table { return clusterRoutes{nets, c.Minter.Plan} }

@@ -39,6 +39,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodeservice"
 	"github.com/socialweb-computer/socialweb/internal/pki"
+	"github.com/socialweb-computer/socialweb/internal/registry"
 	"github.com/socialweb-computer/socialweb/internal/sleep"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
 )
@@ -800,6 +801,10 @@ func (p *Provider) removeData(ctx context.Context, c *v1.Cluster) error {
 	}
 	if err := p.removeCgroup(c.Name); err != nil {
 		p.log.Warn("control-plane cgroup not removed", "cluster", c.Name, "err", err)
+	}
+	// Its images go with it: a later cluster of the same name starts with none.
+	if err := registry.ForgetCluster(filepath.Join(p.cfg.StateDir, "registry"), c.Name); err != nil {
+		return err
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return err

@@ -94,6 +94,10 @@ func writeError(w http.ResponseWriter, err error) int {
 		body.Errors = append(body.Errors, errorEntry{Code: "UNKNOWN", Message: err.Error()})
 	}
 	b, _ := json.Marshal(body)
+	if status == http.StatusUnauthorized {
+		// containerd answers a Basic challenge with the Pod's imagePullSecret.
+		w.Header().Set("WWW-Authenticate", `Basic realm="socialweb registry"`)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", fmt.Sprint(len(b)+1))
 	w.WriteHeader(status)

@@ -34,6 +34,9 @@ type ImageRef struct {
 	// Size is the bytes of the manifest and every blob and manifest it references
 	// (each counted once; for an index, every platform present).
 	Size int64
+	// Cluster is the only cluster whose nodes see it (pushed for it, or pulled with
+	// its credentials); "" is every cluster.
+	Cluster string
 }
 
 // String is name:tag@digest.
@@ -68,6 +71,19 @@ type importer struct {
 // when given, replace them; the tarball must then hold exactly one image. Every blob's
 // digest is checked before it is stored; an image without a name is an error.
 func (s *Server) Import(ctx context.Context, tarball io.Reader, refs ...string) ([]string, error) {
+	return s.importTo(ctx, "", tarball, refs)
+}
+
+// ImportFor is Import for cluster's nodes alone: the image goes into that cluster's
+// overlay, which it reads before the shared images and no other cluster reads.
+func (s *Server) ImportFor(ctx context.Context, cluster string, tarball io.Reader, refs ...string) ([]string, error) {
+	if !componentRE.MatchString(cluster) || strings.ContainsAny(cluster, "._") {
+		return nil, fmt.Errorf("cluster %q is not a cluster name (lower-case letters, digits and -)", cluster)
+	}
+	return s.importTo(ctx, cluster, tarball, refs)
+}
+
+func (s *Server) importTo(ctx context.Context, cluster string, tarball io.Reader, refs []string) ([]string, error) {
 	if err := s.init(); err != nil {
 		return nil, err
 	}
@@ -194,13 +210,17 @@ func (s *Server) Import(ctx context.Context, tarball io.Reader, refs ...string) 
 			if tag == "" {
 				tag = t.desc.Digest
 			}
-			d, _, err := s.st.putManifest(n.Name, tag, content, t.desc.MediaType, true)
+			repo := n.Name
+			if cluster != "" {
+				repo = overlay(cluster, n.Name)
+			}
+			d, _, err := s.st.putManifest(repo, tag, content, t.desc.MediaType, true)
 			if err != nil {
 				return out, fmt.Errorf("registry: tagging %s: %w", n, err)
 			}
 			s.stored(d)
 			out = append(out, reference{Name: n.Name, Tag: n.Tag, Digest: d}.String())
-			s.log.Info("image imported", "ref", n.String(), "digest", d)
+			s.log.Info("image imported", "ref", n.String(), "digest", d, "cluster", cluster)
 		}
 	}
 	return out, nil
@@ -519,12 +539,16 @@ func (s *Server) List() ([]ImageRef, error) {
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, ImageRef{Name: name, Tag: tag, Digest: digest, MediaType: mt, Size: size})
+			cluster, canonical, _ := splitOverlay(name)
+			out = append(out, ImageRef{Name: canonical, Cluster: cluster, Tag: tag, Digest: digest, MediaType: mt, Size: size})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Name != out[j].Name {
 			return out[i].Name < out[j].Name
+		}
+		if out[i].Cluster != out[j].Cluster {
+			return out[i].Cluster < out[j].Cluster
 		}
 		return out[i].Tag < out[j].Tag
 	})

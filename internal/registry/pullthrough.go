@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
 )
 
 // Pull-through: what a node asks for under a registry's name (?ns=docker.io) that the
@@ -19,66 +21,13 @@ import (
 // served from the store. A tag fetched from upstream is checked again after TagTTL; a
 // tag pushed on the host never is (pushed content wins), and a digest never changes.
 
-// lookupManifest is the store's manifest name:ref, fetched from upstream first when it
-// is missing or its tag is due a check.
-func (s *Server) lookupManifest(ctx context.Context, name, ref string) ([]byte, string, string, error) {
-	content, mt, digest, err := s.st.getManifest(name, ref)
-	up, ok := splitCanonical(name)
-	if s.Upstream == nil || !ok || s.names.isSelf(up.registry) {
-		return content, mt, digest, err
+// noteFailure logs why a node's fetch of name:ref failed.
+func (s *Server) noteFailure(v *view, name, ref string, err error) {
+	tenant := ""
+	if v != nil {
+		tenant = v.tenant
 	}
-	isDigest := strings.HasPrefix(ref, "sha256:")
-	if err == nil {
-		if isDigest {
-			s.metrics.hit()
-			return content, mt, digest, nil
-		}
-		checked, pulled := s.st.pulledTag(name, ref, digest)
-		if !pulled || time.Since(checked) < s.Upstream.TagTTL {
-			s.metrics.hit()
-			return content, mt, digest, nil
-		}
-		_, _, now, herr := s.Upstream.fetchManifest(ctx, up, ref, true)
-		switch {
-		case herr != nil:
-			s.log.Warn("upstream unreachable for a tag check; serving the cached manifest", "name", name, "tag", ref, "digest", digest, "err", herr)
-			s.metrics.staleServed()
-			return content, mt, digest, nil
-		case now == digest:
-			s.st.markPulled(name, ref, digest)
-			s.metrics.hit()
-			return content, mt, digest, nil
-		}
-		s.log.Info("upstream tag moved; fetching", "name", name, "tag", ref, "from", digest, "to", now)
-	} else if !IsCode(err, errManifestUnknown) {
-		return nil, "", "", err
-	}
-	s.metrics.miss()
-	b, umt, udigest, ferr := s.Upstream.fetchManifest(ctx, up, ref, false)
-	if ferr != nil {
-		if err == nil {
-			s.log.Warn("upstream fetch of a moved tag failed; serving the cached manifest", "name", name, "tag", ref, "err", ferr)
-			return content, mt, digest, nil
-		}
-		s.noteFailure(name, ref, ferr)
-		return nil, "", "", asRegistryError(up, "manifest "+ref, ferr)
-	}
-	s.metrics.fromUpstream(int64(len(b)))
-	got, gmt, perr := s.st.putPulledManifest(name, ref, b, umt)
-	if perr != nil {
-		return nil, "", "", fmt.Errorf("storing manifest %s:%s from upstream: %w", name, ref, perr)
-	}
-	if udigest != "" && udigest != got {
-		s.log.Warn("upstream's Docker-Content-Digest differs from its manifest's digest; the content's is kept", "name", name, "ref", ref, "header", udigest, "content", got)
-	}
-	s.log.Info("manifest pulled through", "name", name, "ref", ref, "digest", got, "mediaType", gmt)
-	s.awaitLayers(got, gmt)
-	return b, gmt, got, nil
-}
-
-// noteFailure remembers why the newest fetch of name:ref failed (for Events).
-func (s *Server) noteFailure(name, ref string, err error) {
-	s.log.Info("pull through failed", "name", name, "ref", ref, "err", err)
+	s.log.Info("pull through failed", "cluster", tenant, "name", name, "ref", ref, "err", err)
 }
 
 // putPulledManifest stores a manifest fetched from upstream as name:ref. Unlike a push,
@@ -238,7 +187,9 @@ func (s *Server) release(f *fill) {
 }
 
 // acquireFill returns the running fetch of digest from up, starting one if none runs.
-func (s *Server) acquireFill(up upstreamRef, digest string) (*fill, error) {
+// A fill runs with the credentials of the node that started it; a node joins one only
+// once its own view of the repository entitles it to the blob (nodeBlob).
+func (s *Server) acquireFill(up upstreamRef, digest string, auth authn.Authenticator) (*fill, error) {
 	s.fillMu.Lock()
 	defer s.fillMu.Unlock()
 	if f, ok := s.fills[digest]; ok {
@@ -260,18 +211,18 @@ func (s *Server) acquireFill(up upstreamRef, digest string) (*fill, error) {
 		s.fills = map[string]*fill{}
 	}
 	s.fills[digest] = f
-	go s.runFill(f, up, tmp)
+	go s.runFill(f, up, tmp, auth)
 	return f, nil
 }
 
 // runFill fetches f's blob into tmp, checks its digest and size, and commits it. It
 // does not run on any client's context: a node that gives up does not cost the others
 // the bytes already fetched.
-func (s *Server) runFill(f *fill, up upstreamRef, tmp *os.File) {
+func (s *Server) runFill(f *fill, up upstreamRef, tmp *os.File, auth authn.Authenticator) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	start := time.Now()
-	err := s.fetchInto(ctx, cancel, f, up, tmp)
+	err := s.fetchInto(ctx, cancel, f, up, tmp, auth)
 	if err != nil {
 		tmp.Close()
 		os.Remove(tmp.Name())
@@ -294,8 +245,8 @@ func (s *Server) runFill(f *fill, up upstreamRef, tmp *os.File) {
 	}
 }
 
-func (s *Server) fetchInto(ctx context.Context, cancel func(), f *fill, up upstreamRef, tmp *os.File) error {
-	body, size, err := s.Upstream.openBlob(ctx, up, f.digest)
+func (s *Server) fetchInto(ctx context.Context, cancel func(), f *fill, up upstreamRef, tmp *os.File, auth authn.Authenticator) error {
+	body, size, err := s.Upstream.openBlob(ctx, up, f.digest, auth)
 	if err != nil {
 		close(f.ready)
 		return err
@@ -355,14 +306,15 @@ func (s *Server) maxBlob() int64 {
 	return DefaultMaxBlobSize
 }
 
-// pullBlob serves blob digest of up, fetching it from upstream.
-func (s *Server) pullBlob(w http.ResponseWriter, r *http.Request, up upstreamRef, digest string) {
+// pullBlob serves blob digest of up, fetching it from upstream with auth. v (nil for
+// the host) is told what failed.
+func (s *Server) pullBlob(w http.ResponseWriter, r *http.Request, v *view, up upstreamRef, digest string, auth authn.Authenticator) {
 	if why := s.Upstream.allowed(up.registry); why != "" {
 		fail(w, errf(errDenied, "%s", why))
 		return
 	}
 	s.metrics.miss()
-	f, err := s.acquireFill(up, digest)
+	f, err := s.acquireFill(up, digest, auth)
 	if err != nil {
 		fail(w, err)
 		return
@@ -375,7 +327,7 @@ func (s *Server) pullBlob(w http.ResponseWriter, r *http.Request, up upstreamRef
 	}
 	n, done, ferr, _ := f.state()
 	if done && ferr != nil && n == 0 {
-		s.noteFailure(up.canonical, digest, ferr)
+		s.noteFailure(v, up.canonical, digest, ferr)
 		fail(w, asRegistryError(up, "blob "+digest, ferr))
 		return
 	}

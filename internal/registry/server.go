@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
 )
 
 // Server is the host-side OCI registry. The zero value is not usable: set Dir.
@@ -72,16 +74,25 @@ func (s *Server) init() error {
 
 // Handler returns the registry's HTTP handler (everything under /v2/), pushes
 // included: for the host's own clients and tests, never for a node.
-func (s *Server) Handler() http.Handler { return s.handler(false) }
+func (s *Server) Handler() http.Handler { return s.handler(nil) }
 
 // NodeHandler is what a cluster's nodes are served: pulls only. A node runs tenant
 // code (a privileged Pod can speak HTTP to it), and every tenant pulls from this
 // store, so a node that could write could replace the images other tenants run.
 // Every write, and _catalog (which names every tenant's images), is refused with
-// DENIED, and the refusal is logged at Warn with the caller's address.
-func (s *Server) NodeHandler() http.Handler { return s.handler(true) }
+// DENIED, and the refusal is logged at Warn with the caller's address. It sees the
+// shared images only; NodeHandlerFor is a cluster's.
+func (s *Server) NodeHandler() http.Handler { return s.handler(&view{}) }
 
-func (s *Server) handler(pullOnly bool) http.Handler {
+// NodeHandlerFor is what cluster's nodes are served: NodeHandler, seeing besides the
+// shared images those pushed for cluster alone and those it pulled with credentials.
+func (s *Server) NodeHandlerFor(cluster string) http.Handler {
+	return s.handler(&view{tenant: cluster})
+}
+
+// handler serves the host (v nil: everything) or a node's view (pulls only).
+func (s *Server) handler(v *view) http.Handler {
+	pullOnly := v != nil
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &recorder{ResponseWriter: w, status: http.StatusOK}
@@ -89,13 +100,17 @@ func (s *Server) handler(pullOnly bool) http.Handler {
 		if pullOnly {
 			denied = refusedToNodes(r)
 		}
+		var rv *view
+		if v != nil {
+			rv = v.forRequest(r)
+		}
 		switch err := s.init(); {
 		case err != nil:
 			writeError(rec, err)
 		case denied != "":
 			fail(rec, errf(errDenied, "%s: nodes may only pull (GET and HEAD); images are added on the host with `socialweb image push`", denied))
 		default:
-			s.serve(rec, r)
+			s.serve(rec, r, rv)
 		}
 		if pullOnly && isRead(r.Method) {
 			s.metrics.served(rec.bytes)
@@ -246,7 +261,7 @@ func parseRoute(method, p string) (route, bool) {
 	return route{}, false
 }
 
-func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, v *view) {
 	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
 	rt, ok := parseRoute(r.Method, r.URL.Path)
 	if !ok {
@@ -291,7 +306,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			fail(w, errf(errUnsupported, "%s on tags is not supported", r.Method))
 			return
 		}
-		tags, err := s.st.tags(name)
+		tags, err := s.tags(v, name)
 		if err != nil {
 			fail(w, err)
 			return
@@ -303,9 +318,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			}{rt.pathName, page}
 		})
 	case "manifest":
-		s.manifest(w, r, name, rt)
+		s.manifest(w, r, v, name, rt)
 	case "blob":
-		s.blob(w, r, name, rt)
+		s.blob(w, r, v, name, rt)
 	case "upload":
 		s.upload(w, r, name, rt, ns)
 	}
@@ -368,10 +383,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(b)
 }
 
-func (s *Server) manifest(w http.ResponseWriter, r *http.Request, name string, rt route) {
+func (s *Server) manifest(w http.ResponseWriter, r *http.Request, v *view, name string, rt route) {
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
-		content, mt, digest, err := s.lookupManifest(r.Context(), name, rt.ref)
+		content, mt, digest, err := s.readManifest(r.Context(), v, name, rt.ref)
 		if err != nil {
 			fail(w, err)
 			return
@@ -412,15 +427,19 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, name string, r
 // blob serves a blob. Blobs are global (content-addressed, shared by every repository),
 // so any repository name serves any blob: pulls through the mirror never miss a layer
 // another name pushed.
-func (s *Server) blob(w http.ResponseWriter, r *http.Request, name string, rt route) {
+func (s *Server) blob(w http.ResponseWriter, r *http.Request, v *view, name string, rt route) {
 	if !isRead(r.Method) {
 		fail(w, errf(errUnsupported, "%s on a blob is not supported", r.Method))
 		return
 	}
+	if v != nil {
+		s.nodeBlob(w, r, v, name, rt.ref)
+		return
+	}
 	f, err := s.st.openBlob(rt.ref)
 	if IsCode(err, errBlobUnknown) && s.Upstream != nil {
-		if up, ok := splitCanonical(name); ok && !s.names.isSelf(up.registry) {
-			s.pullBlob(w, r, up, rt.ref)
+		if up, ok := s.upstreamOf(name); ok {
+			s.pullBlob(w, r, nil, up, rt.ref, authn.Anonymous)
 			return
 		}
 	}

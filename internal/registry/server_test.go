@@ -412,7 +412,7 @@ func TestDeleteAndPersistence(t *testing.T) {
 		t.Fatal(err)
 	}
 	size := int64(len(img.manifest) + len(img.config) + len(img.layer))
-	want := []ImageRef{{"app", "v2", d, MediaTypeOCIManifest, size}, {"app", "v3", d, MediaTypeOCIManifest, size}}
+	want := []ImageRef{{"app", "v2", d, MediaTypeOCIManifest, size, ""}, {"app", "v3", d, MediaTypeOCIManifest, size, ""}}
 	if !reflect.DeepEqual(refs, want) {
 		t.Errorf("List = %+v, want %+v", refs, want)
 	}

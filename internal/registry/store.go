@@ -29,6 +29,7 @@ type store struct {
 
 	mu      sync.Mutex
 	uploads map[string]*upload
+	refs    map[string]refsCache // repoRefs, by repository
 }
 
 // upload is one blob upload session. Its data is a file in <dir>/uploads; the running

@@ -2,8 +2,10 @@ package registry
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -344,7 +346,7 @@ func asRegistryError(ref upstreamRef, what string, err error) error {
 	case http.StatusNotFound:
 		return errf(errManifestUnknown, "%s of %s: upstream %s has no such image", what, ref.canonical, ref.registry)
 	case http.StatusUnauthorized, http.StatusForbidden:
-		return errf(errUnauthorized, "%s of %s: upstream %s requires credentials these were not (an imagePullSecret for %s)", what, ref.canonical, ref.registry, ref.registry)
+		return errf(errUnauthorized, "%s of %s: upstream %s refused the credentials given (the Pod's imagePullSecret for %s, or none): not allowed", what, ref.canonical, ref.registry, ref.registry)
 	case http.StatusTooManyRequests:
 		return errf(errTooManyRequests, "%s of %s: upstream %s is rate-limiting this host; try again later", what, ref.canonical, ref.registry)
 	}
@@ -355,9 +357,9 @@ var manifestAccept = strings.Join([]string{MediaTypeOCIIndex, MediaTypeDockerLis
 
 // fetchManifest GETs (or, head, HEADs) manifest ref of r upstream. It returns the body
 // (nil for HEAD), media type and digest upstream gives.
-func (u *Upstream) fetchManifest(ctx context.Context, r upstreamRef, ref string, head bool) ([]byte, string, string, error) {
+func (u *Upstream) fetchManifest(ctx context.Context, r upstreamRef, ref string, head bool, auth authn.Authenticator) ([]byte, string, string, error) {
 	u.init()
-	ep, rt, err := u.open(ctx, r)
+	ep, rt, err := u.open(ctx, r, auth)
 	if err != nil {
 		return nil, "", "", err
 	}
@@ -395,13 +397,26 @@ func (u *Upstream) fetchManifest(ctx context.Context, r upstreamRef, ref string,
 
 // openBlob starts a GET of blob digest of r upstream; the caller reads and closes the
 // body. size is upstream's Content-Length (-1 unknown).
-func (u *Upstream) openBlob(ctx context.Context, r upstreamRef, digest string) (io.ReadCloser, int64, error) {
+func (u *Upstream) openBlob(ctx context.Context, r upstreamRef, digest string, auth authn.Authenticator) (io.ReadCloser, int64, error) {
+	return u.blobRequest(ctx, http.MethodGet, r, digest, auth)
+}
+
+// headBlob asks upstream whether repository r holds blob digest for auth: nil if so.
+func (u *Upstream) headBlob(ctx context.Context, r upstreamRef, digest string, auth authn.Authenticator) error {
+	body, _, err := u.blobRequest(ctx, http.MethodHead, r, digest, auth)
+	if err == nil {
+		body.Close()
+	}
+	return err
+}
+
+func (u *Upstream) blobRequest(ctx context.Context, method string, r upstreamRef, digest string, auth authn.Authenticator) (io.ReadCloser, int64, error) {
 	u.init()
-	ep, rt, err := u.open(ctx, r)
+	ep, rt, err := u.open(ctx, r, auth)
 	if err != nil {
 		return nil, 0, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ep.base+"/v2/"+r.repo+"/blobs/"+digest, nil)
+	req, err := http.NewRequestWithContext(ctx, method, ep.base+"/v2/"+r.repo+"/blobs/"+digest, nil)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -419,7 +434,7 @@ func (u *Upstream) openBlob(ctx context.Context, r upstreamRef, digest string) (
 	return resp.Body, resp.ContentLength, nil
 }
 
-func (u *Upstream) open(ctx context.Context, r upstreamRef) (endpoint, http.RoundTripper, error) {
+func (u *Upstream) open(ctx context.Context, r upstreamRef, auth authn.Authenticator) (endpoint, http.RoundTripper, error) {
 	if why := u.allowed(r.registry); why != "" {
 		return endpoint{}, nil, errf(errDenied, "%s", why)
 	}
@@ -427,7 +442,16 @@ func (u *Upstream) open(ctx context.Context, r upstreamRef) (endpoint, http.Roun
 	if err != nil {
 		return endpoint{}, nil, err
 	}
-	rt, err := u.transport(ctx, ep, r.repo, authn.Anonymous, "")
+	if auth == nil {
+		auth = authn.Anonymous
+	}
+	key := ""
+	if ac, err := auth.Authorization(); err == nil && (ac.Username != "" || ac.Password != "" || ac.Auth != "" || ac.IdentityToken != "" || ac.RegistryToken != "") {
+		// Keyed by a hash: the transport cache never holds a tenant's password as a key.
+		sum := sha256.Sum256([]byte(ac.Username + "\x00" + ac.Password + "\x00" + ac.Auth + "\x00" + ac.IdentityToken + "\x00" + ac.RegistryToken))
+		key = hex.EncodeToString(sum[:])
+	}
+	rt, err := u.transport(ctx, ep, r.repo, auth, key)
 	return ep, rt, err
 }
 
