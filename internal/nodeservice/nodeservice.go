@@ -26,6 +26,8 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
 	"github.com/socialweb-computer/socialweb/internal/podroutes"
+	"github.com/socialweb-computer/socialweb/internal/pullevents"
+	"github.com/socialweb-computer/socialweb/internal/registry"
 	"github.com/socialweb-computer/socialweb/internal/scale"
 	"github.com/socialweb-computer/socialweb/internal/scaledriver"
 )
@@ -49,6 +51,9 @@ type Host struct {
 	// PodRoutes, if set, gives the host route table of a cluster; Start then keeps its
 	// pod routes in step with the cluster's Nodes (pod-to-pod traffic across nodes).
 	PodRoutes func(Cluster) podroutes.Table
+	// PullFailures, if set, says why the registry last refused a cluster's nodes an
+	// image; each cluster's Pods stuck pulling it get an Event saying so.
+	PullFailures func(cluster, image string) (registry.PullFailure, bool)
 
 	provider nodes.NodeProvider
 	joiners  *Joiners
@@ -127,6 +132,16 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 			h.log.Error("cloud-controller-manager stopped", "cluster", c.Name, "err", err)
 		}
 	}()
+	if h.PullFailures != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lookup := func(image string) (registry.PullFailure, bool) { return h.PullFailures(c.Name, image) }
+			if err := pullevents.Run(ctx, c.Tenant, lookup, h.log.With("cluster", c.Name, "component", "pullevents")); err != nil {
+				h.log.Error("pull failure events stopped", "cluster", c.Name, "err", err)
+			}
+		}()
+	}
 	if h.PodRoutes != nil {
 		table := h.PodRoutes(c)
 		wg.Add(1)

@@ -146,6 +146,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 	// Diagnoser, EarlyBootWatcher, AcceleratorReporter) by type assertion.
 	host := New(qp, joiners, rs.NodeHandlerFor, deps.Status, deps.Metrics, log.With("component", "nodes"))
 	host.BootTimeout = cfg.BootTimeout
+	host.PullFailures = rs.LastFailure
 	nets := deps.Networks
 	host.PodRoutes = func(c Cluster) podroutes.Table { return clusterRoutes{nets, c.Minter.Plan} }
 	return host, nil

@@ -352,7 +352,7 @@ func (s *Server) pullBlob(w http.ResponseWriter, r *http.Request, v *view, up up
 		h.Set("Content-Length", fmt.Sprint(size))
 	}
 	w.WriteHeader(http.StatusOK)
-	flusher, _ := w.(http.Flusher)
+	rc := http.NewResponseController(w)
 	var off int64
 	for {
 		n, done, ferr, changed := f.state()
@@ -361,9 +361,7 @@ func (s *Server) pullBlob(w http.ResponseWriter, r *http.Request, v *view, up up
 				return // the node went away
 			}
 			off = n
-			if flusher != nil {
-				flusher.Flush()
-			}
+			rc.Flush()
 			continue
 		}
 		if done {

@@ -42,12 +42,13 @@ type Server struct {
 	// MaxBlobSize caps one blob fetched from upstream; 0 is DefaultMaxBlobSize.
 	MaxBlobSize int64
 
-	once    sync.Once
-	initErr error
-	st      *store
-	names   names
-	log     *slog.Logger
-	metrics pullMetrics
+	once     sync.Once
+	initErr  error
+	st       *store
+	names    names
+	log      *slog.Logger
+	metrics  pullMetrics
+	failures failures
 
 	fillMu   sync.Mutex
 	fills    map[string]*fill     // blobs being fetched from upstream, by digest
@@ -323,6 +324,17 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, v *view) {
 		s.blob(w, r, v, name, rt)
 	case "upload":
 		s.upload(w, r, name, rt, ns)
+	}
+	// What a node was refused explains its Pod's failed pull (LastFailure).
+	if v != nil && v.tenant != "" && (rt.kind == "manifest" || rt.kind == "blob") {
+		if rec, ok := w.(*recorder); ok {
+			if rec.status >= 400 && rec.errMsg != "" {
+				code, msg := codeOf(rec.errMsg)
+				s.failures.note(v.tenant, name, code, msg)
+			} else if rec.status < 300 && rt.kind == "manifest" && r.Method == http.MethodGet {
+				s.failures.forget(v.tenant, name)
+			}
+		}
 	}
 }
 

@@ -3,9 +3,9 @@ package registry
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -137,6 +137,14 @@ func TestViewsKeepPrivateImagesToTheirCluster(t *testing.T) {
 				t.Errorf("GET %s: %d %s; want %d and nothing of A's image", tc.path, r.status, r.body, tc.status)
 			}
 		})
+	}
+
+	// What B's Pod is told (internal/pullevents puts it in an Event).
+	if f, ok := s.LastFailure("b", "upstream.test/private/app:1"); !ok || f.Reason != "ImageNotAllowed" || !strings.Contains(f.Message, "imagePullSecret") {
+		t.Errorf("LastFailure(b) = %+v, %v; want ImageNotAllowed naming an imagePullSecret", f, ok)
+	}
+	if f, ok := s.LastFailure("a", "upstream.test/private/app:1"); ok {
+		t.Errorf("LastFailure(a) = %+v after A's successful pull, want none", f)
 	}
 
 	// B with credentials upstream accepts gets the image too; the bytes are not
