@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -71,7 +72,18 @@ func StartUpstream(t testing.TB, opts UpstreamOptions) *Upstream {
 	if err != nil {
 		Skip(t, "docker-registry is not installed (Debian package docker-registry; hack/deps installs it)")
 	}
-	k := 1 + int(time.Now().UnixNano()%250)
+	// A free 10.253.k.0/30: another test's namespace may hold one.
+	k := 0
+	for range 50 {
+		c := 1 + mrand.IntN(250)
+		if exec.Command("ip", "netns", "pids", fmt.Sprintf("regup%d", c)).Run() != nil {
+			k = c
+			break
+		}
+	}
+	if k == 0 {
+		t.Fatal("no free upstream test network in 10.253.0.0/16")
+	}
 	u := &Upstream{ns: fmt.Sprintf("regup%d", k), dir: t.TempDir(), done: make(chan struct{})}
 	hostIP, regIP := fmt.Sprintf("10.253.%d.1", k), fmt.Sprintf("10.253.%d.2", k)
 	u.Addr = regIP + ":5000"
