@@ -1,6 +1,14 @@
-// Package registry is the host-side OCI registry every node's containerd pulls from: no
-// node reaches a real registry, so images are built or imported on the host and served
-// from here, and a large image crosses to the host once, not once per microVM.
+// Package registry is the host-side OCI registry every node's containerd pulls from, and
+// a pull-through cache of every other registry: a node asks for docker.io/library/golang
+// or ghcr.io/org/app here; what the store lacks the host fetches from that registry (or
+// the operator's mirror of it, Upstream), stores and serves as it arrives, so a large
+// image crosses the uplink once, not once per microVM. Images pushed on the host
+// (`socialweb image push`) are served as they are and never replaced from upstream.
+//
+// Each cluster's nodes get a view (NodeHandlerFor, view.go): the shared images (pushed
+// host-wide, pulled anonymously) and the cluster's own overlay (pushed for it alone,
+// pulled with its Pods' credentials). A blob is served only under a name whose view
+// references it, or that upstream says holds it for the node's credentials.
 //
 // It speaks the part of the OCI distribution API containerd uses to pull (GET /v2/,
 // HEAD/GET manifests by tag or digest, HEAD/GET blobs with Range), the push API (POST,
@@ -60,7 +68,18 @@
 // removed when a Server starts. Nothing is garbage-collected: deleting a tag leaves its
 // blobs.
 //
-// # Why not a library
+//	<Dir>/repositories/_tenants/<cluster>/<name>/...                a cluster's overlay
+//	<Dir>/upstream/<repo>/_tags/<tag>                               a tag pulled through: the digest, mtime = last confirmed
+//
+// # Why not a library, and which one for upstream
+//
+// For the upstream side (ping, Basic and Bearer token auth, token refresh, error
+// documents) go-containerregistry's remote/transport is used: that protocol is theirs
+// to keep right. distribution's proxy mode was weighed and not taken: it proxies one
+// upstream per registry process with one credential of the operator's, so neither
+// "any registry from one endpoint" nor "pulled with this tenant's credentials, seen
+// by this tenant only" fits it, and it has no hook for the layer unpacking. What stays
+// here is names (?ns=), per-cluster views, the store and the fetch-once streaming.
 //
 // Weighed before growing this package: go-containerregistry's pkg/registry (v0.22.1)
 // keeps manifests and tags in a map in memory (only blobs have a disk handler), so a
