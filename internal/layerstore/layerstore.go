@@ -113,6 +113,35 @@ type Ready struct {
 type Store struct {
 	dir string
 	now func() time.Time
+	// Limits cap what one layer may unpack to (the image is a tenant's or an
+	// upstream's; a gzip bomb is a few MiB that unpack to the whole disk).
+	Limits Limits
+}
+
+// Limits of one unpacked layer; a zero field is its default.
+type Limits struct {
+	Bytes int64 // regular files' bytes; DefaultMaxBytes
+	Files int64 // tar entries; DefaultMaxFiles
+}
+
+// Defaults of Limits: far above any real image layer (the builder image's largest
+// layer is 0.8 GiB and 40k files), far below a disk.
+const (
+	DefaultMaxBytes = 32 << 30
+	DefaultMaxFiles = 2_000_000
+)
+
+// ErrTooLarge is wrapped by Prepare's error when a layer unpacks past Limits.
+var ErrTooLarge = errors.New("layer unpacks past this host's limit")
+
+func (l Limits) orDefaults() Limits {
+	if l.Bytes <= 0 {
+		l.Bytes = DefaultMaxBytes
+	}
+	if l.Files <= 0 {
+		l.Files = DefaultMaxFiles
+	}
+	return l
 }
 
 // The xattr probe: a guest reads ProbeXattr of <share>/ProbeDir and uses the share only
@@ -255,7 +284,7 @@ func (s *Store) Prepare(ctx context.Context, l Layer, blob io.Reader) (Ready, er
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return Ready{}, fmt.Errorf("layer %s: %w", l.Digest, err)
 	}
-	r, err := unpack(ctx, l, blob, root)
+	r, err := unpack(ctx, l, blob, root, s.Limits.orDefaults())
 	if err != nil {
 		return Ready{}, fmt.Errorf("layer %s: %w", l.Digest, err)
 	}
@@ -284,7 +313,7 @@ func (s *Store) Prepare(ctx context.Context, l Layer, blob io.Reader) (Ready, er
 }
 
 // unpack applies blob's tar to root, checking the blob's digest and the tar's diffID.
-func unpack(ctx context.Context, l Layer, blob io.Reader, root string) (Ready, error) {
+func unpack(ctx context.Context, l Layer, blob io.Reader, root string, lim Limits) (Ready, error) {
 	blobHash := sha256.New()
 	blobCount := &countingWriter{}
 	teed := io.TeeReader(blob, io.MultiWriter(blobHash, blobCount))
@@ -308,6 +337,13 @@ func unpack(ctx context.Context, l Layer, blob io.Reader, root string) (Ready, e
 		r.Files++
 		if h.Typeflag == tar.TypeReg || h.Typeflag == tar.TypeRegA { //nolint:staticcheck // old tars still carry TypeRegA
 			r.UnpackedBytes += h.Size
+		}
+		// Checked from the header, before the entry's bytes are written.
+		if r.UnpackedBytes > lim.Bytes {
+			return false, fmt.Errorf("%w: more than %d bytes of files (at %s)", ErrTooLarge, lim.Bytes, h.Name)
+		}
+		if r.Files > lim.Files {
+			return false, fmt.Errorf("%w: more than %d files", ErrTooLarge, lim.Files)
 		}
 		return true, nil
 	}

@@ -475,3 +475,50 @@ func TestOpenWritesTheXattrProbe(t *testing.T) {
 		}
 	}
 }
+
+// A gzip bomb (a few KiB that unpack to 64 MiB of zeros) and a file-count bomb are
+// refused at the header past the limit: nothing is left, and the bytes never hit the
+// disk.
+func TestPrepareRefusesBombs(t *testing.T) {
+	needRoot(t)
+	var bomb bytes.Buffer
+	tw := tar.NewWriter(&bomb)
+	const big = 64 << 20
+	tw.WriteHeader(&tar.Header{Name: "zeros", Typeflag: tar.TypeReg, Mode: 0o644, Size: big, ModTime: mtime})
+	tw.Write(make([]byte, big))
+	tw.Close()
+	var many []entry
+	for i := range 200 {
+		many = append(many, entry{name: "f" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + "-" + hex.EncodeToString([]byte{byte(i)}), typ: tar.TypeReg, body: "x"})
+	}
+	for _, tc := range []struct {
+		name   string
+		raw    []byte
+		limits Limits
+		want   string
+	}{
+		{"gzip bomb", bomb.Bytes(), Limits{Bytes: 8 << 20}, "more than 8388608 bytes"},
+		{"many files", makeTar(t, many), Limits{Files: 100}, "more than 100 files"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := Open(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Limits = tc.limits
+			blob := compress(t, "gzip", tc.raw)
+			if len(blob) > 1<<20 && tc.name == "gzip bomb" {
+				t.Fatalf("the bomb is %d bytes compressed; want a small one", len(blob))
+			}
+			l := layerOf("gzip", tc.raw, blob)
+			_, err = s.Prepare(context.Background(), l, bytes.NewReader(blob))
+			if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Prepare: %v, want ErrTooLarge saying %q", err, tc.want)
+			}
+			if s.Has(l.Digest) {
+				t.Error("the layer is present after a refused Prepare")
+			}
+			noLeftovers(t, s)
+		})
+	}
+}
