@@ -28,6 +28,8 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 		logLevel  string
 		gogc      string
 		cpMemory  string
+		cacheSize string
+		quota     string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -53,6 +55,16 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 					return usageError{errf("%s %q: %v; want a quantity such as 10Gi, or 0", f.flag, f.v, err)}
 				}
 				*f.to = q
+			}
+			for _, f := range []struct {
+				flag, v string
+				to      *int64
+			}{{"--image-cache-size", cacheSize, &o.ImageCacheSize}, {"--image-cluster-quota", quota, &o.ImageClusterQuota}} {
+				q, err := resource.ParseQuantity(f.v)
+				if err != nil || q.Sign() < 0 {
+					return usageError{errf("%s %q: want a size such as 50Gi, or 0 for none", f.flag, f.v)}
+				}
+				*f.to = q.Value()
 			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
@@ -84,6 +96,8 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.StringSliceVar(&o.RegistryAllow, "registry-allow", nil, "the only registries the host fetches images from for nodes (a host such as quay.io or registry.example:5000, or *.example.com), comma-separated; empty allows every registry")
 	f.StringSliceVar(&o.RegistryDeny, "registry-deny", nil, "registries the host never fetches images from for nodes (same forms as --registry-allow), comma-separated; wins over --registry-allow; empty denies none")
 	f.DurationVar(&o.RegistryTagTTL, "registry-tag-ttl", registry.DefaultTagTTL, "how long a tag pulled from upstream is served before upstream is asked whether it moved (a digest is never asked again; a tag pushed with `socialweb image push` is never replaced)")
+	f.StringVar(&cacheSize, "image-cache-size", "50Gi", "budget of the host registry's blobs: every 5m the images pulled through that nodes used least recently are removed until it holds (never a pushed image, nor one used in the last 10m); 0 is no budget (only blobs nothing references are removed)")
+	f.StringVar(&quota, "image-cluster-quota", "10Gi", "bytes a cluster's own images (pulled with its Pods' credentials, pushed for it alone) may hold in the host registry before its nodes may pull no more with credentials; 0 is no quota")
 	f.BoolVar(&o.RegistryOffline, "registry-offline", false, "fetch from no upstream registry: nodes get only images pushed with `socialweb image push`")
 	f.StringVar(&o.NodeImage, "node-image", "", `node image directory (the "dir" that `+"`socialweb image build`"+` prints); empty keeps clusters at zero nodes`)
 	f.DurationVar(&o.NodeBootTimeout, "node-boot-timeout", 5*time.Minute, "how long a node VM may take to register its Node before it is reported on the Cluster and deleted; a registered node not yet Ready counts as capacity for as long")

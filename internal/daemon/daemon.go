@@ -82,6 +82,10 @@ type Options struct {
 	RegistryDeny    []string
 	RegistryTagTTL  time.Duration
 	RegistryOffline bool
+	// ImageCacheSize is the registry's byte budget (0 none); ImageClusterQuota caps
+	// each cluster's own images (0 none).
+	ImageCacheSize    int64
+	ImageClusterQuota int64
 	// NodeImage is a built node image directory; empty keeps clusters at
 	// zero nodes.
 	NodeImage string
@@ -478,7 +482,8 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	nodeServices, err := nodeservice.Start(ctx,
 		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, TCGGuestASLR: v.TCGGuestASLR, BootTimeout: v.NodeBootTimeout,
 			SharedLayers: v.SharedLayers, Executable: v.Executable, WarmPool: v.WarmPool, WarmPoolShape: warmPoolShape(v.Defaults),
-			WarmPoolPrewarm: v.WarmPoolPrewarm, WarmPoolRefillDelay: v.WarmPoolRefillDelay, Upstream: v.upstream},
+			WarmPoolPrewarm: v.WarmPoolPrewarm, WarmPoolRefillDelay: v.WarmPoolRefillDelay, Upstream: v.upstream,
+			ImageCacheSize: v.ImageCacheSize, ClusterQuota: v.ImageClusterQuota},
 		nodeservice.Deps{Networks: nets, Plan: plan, Status: provider.ScaleStatus{Client: dyn}, Metrics: reg, Log: log})
 	if err != nil {
 		return err

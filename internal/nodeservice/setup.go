@@ -61,7 +61,15 @@ type Config struct {
 	// Upstream makes the registry a pull-through cache of other registries; nil
 	// serves only pushed images.
 	Upstream *registry.Upstream
+	// ImageCacheSize is the registry's budget, kept by garbage collection every
+	// GCInterval (0: no budget; only blobs nothing references are removed).
+	// ClusterQuota caps each cluster's own images (registry.Server.ClusterQuota).
+	ImageCacheSize int64
+	ClusterQuota   int64
 }
+
+// GCInterval is how often the registry is garbage collected.
+const GCInterval = 5 * time.Minute
 
 // LayersDir is the host layer store under a daemon's state dir.
 func LayersDir(stateDir string) string { return filepath.Join(stateDir, "layers") }
@@ -124,7 +132,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 	if err := os.MkdirAll(regDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the registry dir: %w", err)
 	}
-	rs := &registry.Server{Dir: regDir, Logger: log.With("component", "registry"), Upstream: cfg.Upstream}
+	rs := &registry.Server{Dir: regDir, Logger: log.With("component", "registry"), Upstream: cfg.Upstream, ClusterQuota: cfg.ClusterQuota}
 	if deps.Metrics != nil {
 		if err := deps.Metrics.Register(rs.Collector()); err != nil {
 			qp.Close()
@@ -142,6 +150,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 		}
 	}
 	go seedImages(ctx, rs, log)
+	go collectGarbage(ctx, rs, cfg.ImageCacheSize, log.With("component", "registry"))
 	// qp itself, not a wrapper: the node services find its optional sides (Addresser,
 	// Diagnoser, EarlyBootWatcher, AcceleratorReporter) by type assertion.
 	host := New(qp, joiners, rs.NodeHandlerFor, deps.Status, deps.Metrics, log.With("component", "nodes"))
@@ -174,6 +183,26 @@ func startPreparer(ctx context.Context, store *layerstore.Store, rs *registry.Se
 		log.Info("layer store ready", "dir", store.Dir(), "queued", n)
 	}()
 	return nil
+}
+
+// collectGarbage keeps the registry within budget until ctx ends.
+func collectGarbage(ctx context.Context, rs *registry.Server, budget int64, log *slog.Logger) {
+	t := time.NewTicker(GCInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		res, err := rs.GC(budget, false)
+		if err != nil {
+			log.Warn("registry garbage collection", "err", err)
+		}
+		if res.KeptOverBudgetWhy != "" {
+			log.Warn("the image cache is over its budget and nothing more may go", "bytes", res.After, "budget", budget, "why", res.KeptOverBudgetWhy)
+		}
+	}
 }
 
 // seedImages builds the pause and busybox images locally and loads them into

@@ -27,6 +27,7 @@ const (
 	errUnauthorized        = "UNAUTHORIZED"
 	errTooManyRequests     = "TOOMANYREQUESTS"
 	errUnavailable         = "UNAVAILABLE" // distribution's code for a 503
+	errOverQuota           = "QUOTA_EXCEEDED"
 )
 
 var errStatus = map[string]int{
@@ -48,6 +49,7 @@ var errStatus = map[string]int{
 	errUnauthorized:        http.StatusUnauthorized,
 	errTooManyRequests:     http.StatusTooManyRequests,
 	errUnavailable:         http.StatusServiceUnavailable,
+	errOverQuota:           http.StatusForbidden,
 }
 
 // Error is a registry error with its OCI error code (MANIFEST_UNKNOWN, BLOB_UNKNOWN, ...).

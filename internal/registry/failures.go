@@ -35,6 +35,7 @@ var reasons = map[string]string{
 	errDigestInvalid:       "UpstreamSentBadContent",
 	errManifestInvalid:     "ImageNotUsable",
 	errManifestBlobUnknown: "ImageNotUsable",
+	errOverQuota:           "OverQuota",
 }
 
 func (f *failures) note(tenant, name, code, msg string) {

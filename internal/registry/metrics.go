@@ -26,6 +26,7 @@ var (
 	descUpstream = prometheus.NewDesc("socialweb_registry_upstream_bytes_total", "Bytes fetched from upstream registries.", nil, nil)
 	descServed   = prometheus.NewDesc("socialweb_registry_served_bytes_total", "Bytes of manifests and blobs served to nodes.", nil, nil)
 	descSize     = prometheus.NewDesc("socialweb_registry_cache_bytes", "Bytes of blobs the registry stores (pushed and pulled).", nil, nil)
+	descCluster  = prometheus.NewDesc("socialweb_registry_cluster_bytes", `Bytes of blobs a cluster's own images reference (pulled with its credentials, pushed for it); cluster="" is the shared images. A blob counts for each that references it.`, []string{"cluster"}, nil)
 )
 
 // Collector exposes the registry's pull-through metrics.
@@ -34,7 +35,7 @@ func (s *Server) Collector() prometheus.Collector { return registryCollector{s} 
 type registryCollector struct{ s *Server }
 
 func (c registryCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descHits, descMisses, descStale, descUpstream, descServed, descSize} {
+	for _, d := range []*prometheus.Desc{descHits, descMisses, descStale, descUpstream, descServed, descSize, descCluster} {
 		ch <- d
 	}
 }
@@ -57,5 +58,10 @@ func (c registryCollector) Collect(ch chan<- prometheus.Metric) {
 			return nil
 		})
 		ch <- prometheus.MustNewConstMetric(descSize, prometheus.GaugeValue, float64(total))
+		if u, err := c.s.Usage(); err == nil {
+			for cluster, n := range u {
+				ch <- prometheus.MustNewConstMetric(descCluster, prometheus.GaugeValue, float64(n), cluster)
+			}
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,6 +42,9 @@ type Server struct {
 	Upstream *Upstream
 	// MaxBlobSize caps one blob fetched from upstream; 0 is DefaultMaxBlobSize.
 	MaxBlobSize int64
+	// ClusterQuota caps the bytes a cluster's own images (its overlay) may hold
+	// before it may pull no more with its credentials; 0 is none.
+	ClusterQuota int64
 
 	once     sync.Once
 	initErr  error
@@ -331,8 +335,13 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, v *view) {
 			if rec.status >= 400 && rec.errMsg != "" {
 				code, msg := codeOf(rec.errMsg)
 				s.failures.note(v.tenant, name, code, msg)
-			} else if rec.status < 300 && rt.kind == "manifest" && r.Method == http.MethodGet {
+			} else if rec.status < 300 && rt.kind == "manifest" {
 				s.failures.forget(v.tenant, name)
+				for _, repo := range []string{name, overlay(v.tenant, name)} {
+					if _, err := os.Stat(s.st.manifestsDir(repo)); err == nil {
+						s.st.markUsed(repo)
+					}
+				}
 			}
 		}
 	}

@@ -157,6 +157,9 @@ func (s *Server) privateManifest(ctx context.Context, v *view, up upstreamRef, n
 		s.noteFailure(v, name, ref, errors.New("upstream wants credentials; none sent"))
 		return nil, "", "", challenge(up)
 	}
+	if why := s.overQuota(v.tenant); why != "" {
+		return nil, "", "", errf(errOverQuota, "%s", why)
+	}
 	b, umt, udigest, err := s.Upstream.fetchManifest(ctx, up, ref, false, v.auth)
 	if err != nil {
 		s.noteFailure(v, name, ref, err)
