@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -243,6 +244,19 @@ func (u *Upstream) Requests(method, substr string) int {
 		if string(m[1]) == method && bytes.Contains(m[2], []byte(substr)) {
 			n++
 		}
+	}
+	return n
+}
+
+var sentRE = regexp.MustCompile(`HTTP/[0-9.]+" [0-9]+ ([0-9]+) `)
+
+// SentBytes sums the response bytes the registry's access log records.
+func (u *Upstream) SentBytes() int64 {
+	b, _ := os.ReadFile(u.logPath)
+	var n int64
+	for _, m := range sentRE.FindAllSubmatch(b, -1) {
+		v, _ := strconv.ParseInt(string(m[1]), 10, 64)
+		n += v
 	}
 	return n
 }
