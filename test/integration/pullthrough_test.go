@@ -7,9 +7,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -183,7 +180,8 @@ func testImage(t *testing.T, ctx context.Context, what string) (ggcr.Image, stri
 		t.Fatalf("building busybox: %v", err)
 	}
 	dir := t.TempDir()
-	if err := untar(tarPath, dir); err != nil {
+	if err := applyLayer(tarPath, dir); err != nil { // an OCI layout tar: plain files
+
 		t.Fatal(err)
 	}
 	idx, err := layout.ImageIndexFromPath(dir)
@@ -209,40 +207,4 @@ func testImage(t *testing.T, ctx context.Context, what string) (ggcr.Image, stri
 		t.Fatal(err)
 	}
 	return out, token
-}
-
-func untar(path, dir string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		p := filepath.Join(dir, filepath.Clean("/"+h.Name))
-		switch h.Typeflag {
-		case tar.TypeDir:
-			if err := os.MkdirAll(p, 0o755); err != nil {
-				return err
-			}
-		case tar.TypeReg:
-			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-				return err
-			}
-			b, err := io.ReadAll(tr)
-			if err != nil {
-				return err
-			}
-			if err := os.WriteFile(p, b, 0o644); err != nil {
-				return err
-			}
-		}
-	}
 }
