@@ -342,7 +342,7 @@ func asRegistryError(ref upstreamRef, what string, err error) error {
 	}
 	switch ue.Status {
 	case 0:
-		return &Error{errUnavailable, fmt.Sprintf("%s of %s is not cached and upstream %s could not be reached: %v", what, ref.canonical, ref.registry, ue.Err), nil}
+		return &Error{errUnavailable, fmt.Sprintf("%s of %s is not cached and upstream %s could not be reached: %s", what, ref.canonical, ref.registry, reachCause(ue.Err)), nil}
 	case http.StatusNotFound:
 		return errf(errManifestUnknown, "%s of %s: upstream %s has no such image", what, ref.canonical, ref.registry)
 	case http.StatusUnauthorized, http.StatusForbidden:
@@ -351,6 +351,21 @@ func asRegistryError(ref upstreamRef, what string, err error) error {
 		return errf(errTooManyRequests, "%s of %s: upstream %s is rate-limiting this host; try again later", what, ref.canonical, ref.registry)
 	}
 	return &Error{errUnavailable, fmt.Sprintf("%s of %s: upstream %s answered %d", what, ref.canonical, ref.registry, ue.Status), nil}
+}
+
+// reachCause is why upstream could not be reached, without the plain-http attempt
+// go-containerregistry's ping adds for a private address (refused by httpsOnly).
+func reachCause(err error) string {
+	var keep []string
+	for _, p := range strings.Split(err.Error(), "; ") {
+		if !strings.Contains(p, "refusing plain http") {
+			keep = append(keep, p)
+		}
+	}
+	if len(keep) == 0 {
+		return err.Error()
+	}
+	return strings.Join(keep, "; ")
 }
 
 var manifestAccept = strings.Join([]string{MediaTypeOCIIndex, MediaTypeDockerList, MediaTypeOCIManifest, MediaTypeDockerManifest}, ", ")
