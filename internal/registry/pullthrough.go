@@ -296,7 +296,7 @@ func (s *Server) fetchInto(ctx context.Context, cancel func(), f *fill, up upstr
 	return s.st.commitBlob(tmp, f.digest)
 }
 
-// DefaultMaxBlobSize caps one blob, pulled or pushed, unless Server.MaxBlobSize says.
+// DefaultMaxBlobSize caps one blob, pulled or pushed over HTTP, unless Server.MaxBlobSize says.
 const DefaultMaxBlobSize = 16 << 30
 
 func (s *Server) maxBlob() int64 {

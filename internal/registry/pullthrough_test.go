@@ -410,3 +410,41 @@ func TestPullThroughStreams(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// An upload past MaxBlobSize is refused, monolithic or chunked, and nothing of it is
+// stored; an upload session idle past UploadTTL is gone with its data.
+func TestUploadCapsAndExpiry(t *testing.T) {
+	s := &Server{Dir: t.TempDir(), Logger: testLogger(t), MaxBlobSize: 1000}
+	ts := httptestServer(t, s)
+	big := []byte(strings.Repeat("x", 1001))
+	r := do(t, ts, "POST", "/v2/app/blobs/uploads/?digest="+sha(big), big)
+	if r.status != http.StatusBadRequest || r.errCode() != errSizeInvalid {
+		t.Errorf("monolithic upload of 1001 bytes: %d %s; want 400 SIZE_INVALID", r.status, r.body)
+	}
+	loc := do(t, ts, "POST", "/v2/app/blobs/uploads/", nil).expect(t, "start", http.StatusAccepted).header.Get("Location")
+	do(t, ts, "PATCH", loc, big[:600]).expect(t, "first chunk", http.StatusAccepted)
+	r = do(t, ts, "PATCH", loc, big[600:])
+	if r.status != http.StatusBadRequest || r.errCode() != errSizeInvalid {
+		t.Errorf("chunk past the limit: %d %s; want 400 SIZE_INVALID", r.status, r.body)
+	}
+	if _, err := s.st.statBlob(sha(big)); err == nil {
+		t.Error("the oversized blob was stored")
+	}
+	// An idle session expires.
+	loc = do(t, ts, "POST", "/v2/app/blobs/uploads/", nil).expect(t, "start", http.StatusAccepted).header.Get("Location")
+	do(t, ts, "PATCH", loc, []byte("abc")).expect(t, "chunk", http.StatusAccepted)
+	s.st.mu.Lock()
+	var path string
+	for _, u := range s.st.uploads {
+		u.touched = time.Now().Add(-UploadTTL - time.Minute)
+		path = u.path
+	}
+	s.st.mu.Unlock()
+	r = do(t, ts, "PATCH", loc, []byte("def"))
+	if r.status != http.StatusNotFound || r.errCode() != errBlobUploadUnknown || !strings.Contains(string(r.body), "expired") {
+		t.Errorf("chunk to an expired session: %d %s; want 404 BLOB_UPLOAD_UNKNOWN saying it expired", r.status, r.body)
+	}
+	if _, err := os.Stat(path); err == nil {
+		t.Error("the expired session's data is still on disk")
+	}
+}

@@ -40,7 +40,8 @@ type Server struct {
 	// Upstream, if set, fetches what nodes ask for under another registry's name and
 	// the store lacks (pull-through); nil serves only what was pushed (offline).
 	Upstream *Upstream
-	// MaxBlobSize caps one blob fetched from upstream; 0 is DefaultMaxBlobSize.
+	// MaxBlobSize caps one blob fetched from upstream or pushed over HTTP; 0 is
+	// DefaultMaxBlobSize.
 	MaxBlobSize int64
 	// ClusterQuota caps the bytes a cluster's own images (its overlay) may hold
 	// before it may pull no more with its credentials; 0 is none.
@@ -221,6 +222,27 @@ func (r *recorder) ReadFrom(src io.Reader) (int64, error) {
 }
 
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// cappedReader fails with SIZE_INVALID past left bytes.
+type cappedReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (c *cappedReader) Read(p []byte) (int, error) {
+	if c.left < 0 {
+		return 0, errf(errSizeInvalid, "the blob is over this registry's limit")
+	}
+	if int64(len(p)) > c.left+1 {
+		p = p[:c.left+1]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	if c.left < 0 {
+		return n, errf(errSizeInvalid, "the blob is over this registry's limit")
+	}
+	return n, err
+}
 
 // fail writes err as an OCI error response and notes it for the request log.
 func fail(w http.ResponseWriter, err error) {
@@ -515,7 +537,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, name string, rt 
 			}
 		}
 		if d := q.Get("digest"); d != "" {
-			if _, _, err := s.st.writeBlob(r.Body, d); err != nil {
+			if _, _, err := s.st.writeBlob(&cappedReader{r: r.Body, left: s.maxBlob()}, d); err != nil {
 				fail(w, err)
 				return
 			}
@@ -552,7 +574,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, name string, rt 
 			}
 			expect = end - start + 1
 		}
-		if err := s.st.appendUpload(u, r.Body, expect); err != nil {
+		if err := s.st.appendUpload(u, r.Body, expect, s.maxBlob()); err != nil {
 			fail(w, err)
 			return
 		}

@@ -42,8 +42,12 @@ type upload struct {
 	size    int64
 	h       hash.Hash
 	started time.Time
+	touched time.Time // last chunk; a session idle UploadTTL is gone
 	done    bool
 }
+
+// UploadTTL is how long an upload session may sit idle before it and its data go.
+const UploadTTL = time.Hour
 
 // staleUpload is how old an abandoned upload or import staging file must be before a
 // new store removes it (other processes may be using the directory right now).
@@ -231,10 +235,24 @@ func (s *store) startUpload(name string) (*upload, error) {
 		return nil, err
 	}
 	f.Close()
-	u := &upload{id: randomID(), name: name, path: f.Name(), h: sha256.New(), started: time.Now()}
+	now := time.Now()
+	u := &upload{id: randomID(), name: name, path: f.Name(), h: sha256.New(), started: now, touched: now}
 	s.mu.Lock()
+	var stale []*upload
+	for _, o := range s.uploads {
+		if now.Sub(o.touched) > UploadTTL {
+			stale = append(stale, o)
+		}
+	}
 	s.uploads[u.id] = u
 	s.mu.Unlock()
+	for _, o := range stale {
+		if o.mu.TryLock() { // one in use is not idle
+			s.log.Info("upload session expired", "name", o.name, "id", o.id, "bytes", o.size)
+			s.endUpload(o, true)
+			o.mu.Unlock()
+		}
+	}
 	return u, nil
 }
 
@@ -252,13 +270,18 @@ func (s *store) getUpload(name, id string) (*upload, error) {
 		u.mu.Unlock()
 		return nil, errf(errBlobUploadUnknown, "upload %q is finished", id)
 	}
+	if time.Since(u.touched) > UploadTTL {
+		s.endUpload(u, true)
+		u.mu.Unlock()
+		return nil, errf(errBlobUploadUnknown, "upload %q expired after %s idle; start it again", id, UploadTTL)
+	}
 	return u, nil
 }
 
 // appendUpload writes r at the end of u's data; when expect >= 0 the chunk must be
 // exactly that long. On error the data is cut back to what it was, so a client can retry
 // the chunk.
-func (s *store) appendUpload(u *upload, r io.Reader, expect int64) error {
+func (s *store) appendUpload(u *upload, r io.Reader, expect, max int64) error {
 	f, err := os.OpenFile(u.path, os.O_WRONLY, 0)
 	if err != nil {
 		return err
@@ -272,7 +295,11 @@ func (s *store) appendUpload(u *upload, r io.Reader, expect int64) error {
 	if err != nil {
 		return err
 	}
-	n, err := io.Copy(io.MultiWriter(f, h), r)
+	room := max - u.size
+	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(r, room+1))
+	if err == nil && n > room {
+		err = errf(errSizeInvalid, "the blob is over this registry's limit of %d bytes", max)
+	}
 	if err == nil && expect >= 0 && n != expect {
 		err = errf(errBlobUploadInvalid, "chunk has %d bytes, Content-Range said %d", n, expect)
 	}
@@ -282,6 +309,7 @@ func (s *store) appendUpload(u *upload, r io.Reader, expect int64) error {
 	}
 	u.size += n
 	u.h = h
+	u.touched = time.Now()
 	return nil
 }
 
