@@ -435,9 +435,11 @@ func TestUploadCapsAndExpiry(t *testing.T) {
 	do(t, ts, "PATCH", loc, []byte("abc")).expect(t, "chunk", http.StatusAccepted)
 	s.st.mu.Lock()
 	var path string
-	for _, u := range s.st.uploads {
-		u.touched = time.Now().Add(-UploadTTL - time.Minute)
-		path = u.path
+	for id, u := range s.st.uploads {
+		if strings.Contains(loc, id) {
+			u.touched = time.Now().Add(-UploadTTL - time.Minute)
+			path = u.path
+		}
 	}
 	s.st.mu.Unlock()
 	r = do(t, ts, "PATCH", loc, []byte("def"))
