@@ -218,7 +218,7 @@ func (s *Server) importTo(ctx context.Context, cluster string, tarball io.Reader
 			if err != nil {
 				return out, fmt.Errorf("registry: tagging %s: %w", n, err)
 			}
-			s.stored(d)
+			s.stored(repo, d)
 			out = append(out, reference{Name: n.Name, Tag: n.Tag, Digest: d}.String())
 			s.log.Info("image imported", "ref", n.String(), "digest", d, "cluster", cluster)
 		}

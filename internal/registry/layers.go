@@ -81,7 +81,8 @@ func (st *store) imageLayers(digest string, seen map[string]bool) ([]Layer, erro
 	return out, nil
 }
 
-// AllLayers returns the layers of every image manifest any repository holds, each once.
+// AllLayers returns the layers of every image manifest any shared repository holds (not
+// the clusters' own), each once.
 // Manifests that cannot be read are skipped; their errors are joined into the error
 // returned beside what could be read.
 func (s *Server) AllLayers() ([]Layer, error) {
@@ -96,6 +97,9 @@ func (s *Server) AllLayers() ([]Layer, error) {
 				return nil
 			}
 			return err
+		}
+		if d.IsDir() && p == filepath.Join(root, tenantsDir) {
+			return filepath.SkipDir // clusters' own images: not for the layer share (stored)
 		}
 		if d.Type().IsRegular() && filepath.Base(filepath.Dir(p)) == "sha256" && filepath.Base(filepath.Dir(filepath.Dir(p))) == "revisions" {
 			manifests["sha256:"+d.Name()] = true
@@ -128,9 +132,15 @@ func (s *Server) OpenBlob(digest string) (io.ReadCloser, error) {
 	return s.st.openBlob(digest)
 }
 
-// stored tells LayersStored about the layers of manifest digest, just stored.
-func (s *Server) stored(digest string) {
+// stored tells LayersStored about the layers of manifest digest, just stored in repo.
+// A cluster's own images are left out: every node VM reads the unpacked layers (the
+// layer share), so only images every cluster may pull are unpacked there; a cluster's
+// nodes pull and unpack its own images themselves.
+func (s *Server) stored(repo, digest string) {
 	if s.LayersStored == nil {
+		return
+	}
+	if _, _, own := splitOverlay(repo); own {
 		return
 	}
 	ls, err := s.st.imageLayers(digest, map[string]bool{})

@@ -90,9 +90,12 @@ func (s *store) pulledTag(name, tag, digest string) (time.Time, bool) {
 
 // awaitLayers announces an image manifest pulled through to LayersStored once its config
 // and layers are all here (they arrive as nodes ask for them).
-func (s *Server) awaitLayers(digest, mt string) {
+func (s *Server) awaitLayers(repo, digest, mt string) {
 	if s.LayersStored == nil || isIndexType(mt) {
 		return
+	}
+	if _, _, own := splitOverlay(repo); own {
+		return // see stored
 	}
 	s.fillMu.Lock()
 	if s.awaiting == nil {
@@ -118,7 +121,7 @@ func (s *Server) checkAwaiting() {
 	}
 	s.fillMu.Unlock()
 	for _, d := range ready {
-		s.stored(d)
+		s.stored("", d) // only shared repositories wait here (awaitLayers)
 	}
 }
 

@@ -450,7 +450,7 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, v *view, name 
 			fail(w, err)
 			return
 		}
-		s.stored(digest)
+		s.stored(name, digest)
 		w.Header().Set("Location", "/v2/"+rt.pathName+"/manifests/"+digest)
 		w.Header().Set("Docker-Content-Digest", digest)
 		w.Header().Set("Content-Length", "0")

@@ -215,7 +215,7 @@ func (s *Server) storePulled(repo, ref string, b []byte, umt, udigest string) ([
 		s.log.Warn("upstream's Docker-Content-Digest differs from its manifest's digest; the content's is kept", "name", repo, "ref", ref, "header", udigest, "content", got)
 	}
 	s.log.Info("manifest pulled through", "name", repo, "ref", ref, "digest", got, "mediaType", gmt)
-	s.awaitLayers(got, gmt)
+	s.awaitLayers(repo, got, gmt)
 	return b, gmt, got, nil
 }
 

@@ -224,3 +224,55 @@ func TestClusterQuota(t *testing.T) {
 	}
 	do(t, a, "GET", "/v2/team/tool/manifests/1?ns=upstream.test", nil).expect(t, "a shared image over the quota", http.StatusOK)
 }
+
+// Only images every cluster may pull reach the layer share (LayersStored, AllLayers):
+// not those pushed for one cluster, nor those pulled with one's credentials.
+func TestLayerShareHoldsOnlySharedImages(t *testing.T) {
+	p := newPrivateUpstream(t)
+	secret := p.image(t, "private/app", "1", "secret")
+	public := p.image(t, "team/tool", "1", "public")
+	pool := x509.NewCertPool()
+	pool.AddCert(p.ts.Certificate())
+	var mu sync.Mutex
+	announced := map[string]bool{}
+	s := &Server{Dir: t.TempDir(), Logger: testLogger(t), Upstream: &Upstream{Mirrors: map[string]string{"upstream.test": p.ts.URL}, RootCAs: pool},
+		LayersStored: func(ls []Layer) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, l := range ls {
+				announced[l.Digest] = true
+			}
+		}}
+	a := httptest.NewServer(s.NodeHandlerFor("a"))
+	t.Cleanup(a.Close)
+	creds := []string{"Authorization", basic("ci", p.password)}
+	for _, img := range []struct {
+		repo string
+		img  testImage
+	}{{"private/app", secret}, {"team/tool", public}} {
+		do(t, a, "GET", "/v2/"+img.repo+"/manifests/1?ns=upstream.test", nil, creds...).expect(t, "manifest", http.StatusOK)
+		for _, b := range [][]byte{img.img.config, img.img.layer} {
+			do(t, a, "GET", "/v2/"+img.repo+"/blobs/"+sha(b)+"?ns=upstream.test", nil, creds...).expect(t, "blob", http.StatusOK)
+		}
+	}
+	entries, _ := ociLayout(t, []map[string]string{{}})
+	if _, err := s.ImportFor(context.Background(), "a", bytes.NewReader(makeTar(t, entries, false)), "localhost:5000/own:1"); err != nil {
+		t.Fatal(err)
+	}
+	var own manifestDoc
+	json.Unmarshal(do(t, a, "GET", "/v2/own/manifests/1", nil).expect(t, "own", http.StatusOK).body, &own)
+	mu.Lock()
+	if !announced[sha(public.layer)] || announced[sha(secret.layer)] || announced[own.Layers[0].Digest] {
+		t.Errorf("announced %v: want the public layer %s only", announced, sha(public.layer))
+	}
+	mu.Unlock()
+	all, err := s.AllLayers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range all {
+		if l.Digest == sha(secret.layer) || l.Digest == own.Layers[0].Digest {
+			t.Errorf("AllLayers lists %s, a layer of a cluster's own image", l.Digest)
+		}
+	}
+}

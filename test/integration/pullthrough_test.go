@@ -7,6 +7,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -36,7 +38,9 @@ import (
 //     request for it: the second node's pull came from the cache.
 //  4. Tenant b's Pod of the private image, without credentials, gets an Event saying it
 //     is not allowed, and never runs, though the image is on the host.
-//  5. Upstream stopped: a's new Pod of the cached image (pull policy Always) runs; a Pod
+//  5. The layer share every node reads holds the public image's layer, not the private
+//     one's: on the host, and as a privileged Pod of tenant b lists it.
+//  6. Upstream stopped: a's new Pod of the cached image (pull policy Always) runs; a Pod
 //     of an uncached image gets an Event saying upstream could not be reached, in 30 s.
 func TestPullThroughAnyRegistry(t *testing.T) {
 	img := nodeImage(t)
@@ -96,7 +100,28 @@ func TestPullThroughAnyRegistry(t *testing.T) {
 		t.Errorf("step 4: tenant b's Pod of a's private image is %v (%v), want Pending", p.Status.Phase, err)
 	}
 
-	// 5. Upstream down.
+	// 5. The layer share (virtio-fs, every node of every cluster) holds the layers of
+	// images every cluster may pull: the public image's own layer, never the private one's.
+	secretLayer, helloLayer := lastLayer(t, secret), lastLayer(t, hello)
+	livetest.Eventually(t, 2*time.Minute, time.Second, "the public image's layer unpacked on the host", func() bool {
+		_, err := os.Stat(filepath.Join(d.stateDir, "layers", "sha256", helloLayer))
+		return err == nil
+	})
+	if _, err := os.Stat(filepath.Join(d.stateDir, "layers", "sha256", secretLayer)); err == nil {
+		t.Errorf("step 5: the private image's layer %s is in the layer share", secretLayer)
+	}
+	privileged := true
+	look := pullPod("look", "busybox:stable", "")
+	look.Spec.Containers[0].Command = []string{"sh", "-c", "ls /share/sha256; test -d /share/sha256/" + helloLayer + " && echo public-present; test -e /share/sha256/" + secretLayer + " && echo private-present; true"}
+	look.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &privileged}
+	look.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "share", MountPath: "/share"}}
+	look.Spec.Volumes = []corev1.Volume{{Name: "share", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/run/socialweb/layers"}}}}
+	listing := runPodOutput(t, ctx, kb, look)
+	if strings.Contains(listing, secretLayer) || strings.Contains(listing, "private-present") || !strings.Contains(listing, "public-present") {
+		t.Errorf("step 5: tenant b's privileged Pod lists the layer share as\n%s\nwant %s (public) and not %s (a's private image)", listing, helloLayer, secretLayer)
+	}
+
+	// 6. Upstream down.
 	pub.Stop()
 	cached := pullPod("cached", "upstream.test/team/hello:1", "")
 	cached.Spec.Containers[0].ImagePullPolicy = corev1.PullAlways
@@ -127,6 +152,14 @@ func pullPod(name, image, secret string) *corev1.Pod {
 // runPod creates p and waits for it to succeed printing want.
 func runPod(t *testing.T, ctx context.Context, k kubernetes.Interface, p *corev1.Pod, want string) {
 	t.Helper()
+	if got := runPodOutput(t, ctx, k, p); strings.TrimSpace(got) != want {
+		t.Fatalf("pod %s printed %q, want %q: not the image's content", p.Name, got, want)
+	}
+}
+
+// runPodOutput creates p, waits for it to succeed and returns what it printed.
+func runPodOutput(t *testing.T, ctx context.Context, k kubernetes.Interface, p *corev1.Pod) string {
+	t.Helper()
 	t0 := time.Now()
 	if _, err := k.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -145,10 +178,25 @@ func runPod(t *testing.T, ctx context.Context, k kubernetes.Interface, p *corev1
 	})
 	_ = last
 	logs, err := k.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
-	if err != nil || strings.TrimSpace(string(logs)) != want {
-		t.Fatalf("pod %s printed %q (%v), want %q: not the image's content", p.Name, logs, err, want)
+	if err != nil {
+		t.Fatalf("logs of pod %s: %v", p.Name, err)
 	}
 	t.Logf("pod %s (%s) ran in %s", p.Name, p.Spec.Containers[0].Image, time.Since(t0).Round(time.Millisecond))
+	return string(logs)
+}
+
+// lastLayer is the hex digest of img's last layer (the one testImage added).
+func lastLayer(t *testing.T, img ggcr.Image) string {
+	t.Helper()
+	ls, err := img.Layers()
+	if err != nil || len(ls) == 0 {
+		t.Fatalf("layers: %v", err)
+	}
+	d, err := ls[len(ls)-1].Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Hex
 }
 
 // waitEvent waits for a socialweb-registry Event of reason on pod.
