@@ -2,6 +2,7 @@ package registry
 
 import (
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -120,6 +121,7 @@ func TestPullThroughSharesOneFetchAndStreams(t *testing.T) {
 	img := makeImage(t, u.push, "team/big", "v1", false)
 	pushManifest(t, u.push, "team/big", "1", img.manifest, img.mediaType)
 	_, node := u.cache(t, nil)
+	do(t, node, "GET", "/v2/team/big/manifests/1?ns=upstream.test", nil).expect(t, "the manifest, first, as containerd does", http.StatusOK)
 	u.mu.Lock()
 	u.gate = make(chan struct{})
 	u.mu.Unlock()
@@ -350,10 +352,17 @@ func TestPullThroughStreams(t *testing.T) {
 	digest := sha(blob)
 	half := len(blob) / 2
 	gate := make(chan struct{})
+	cfg := []byte("{}")
+	manifest, _ := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": MediaTypeOCIManifest,
+		"config": descriptor{MediaType: MediaTypeOCIConfig, Digest: sha(cfg), Size: 2},
+		"layers": []descriptor{{MediaType: MediaTypeOCILayer, Digest: digest, Size: int64(len(blob))}}})
 	up := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v2/":
 			w.WriteHeader(http.StatusOK)
+		case "/v2/team/big/manifests/1":
+			w.Header().Set("Content-Type", MediaTypeOCIManifest)
+			w.Write(manifest)
 		case "/v2/team/big/blobs/" + digest:
 			w.Header().Set("Content-Length", fmt.Sprint(len(blob)))
 			if r.Method == http.MethodHead {
@@ -374,6 +383,7 @@ func TestPullThroughStreams(t *testing.T) {
 	node := httptest.NewServer(s.NodeHandler())
 	t.Cleanup(node.Close)
 
+	do(t, node, "GET", "/v2/team/big/manifests/1?ns=upstream.test", nil).expect(t, "the manifest", http.StatusOK)
 	res, err := node.Client().Get(node.URL + "/v2/team/big/blobs/" + digest + "?ns=upstream.test")
 	if err != nil {
 		t.Fatal(err)

@@ -416,15 +416,6 @@ func (u *Upstream) openBlob(ctx context.Context, r upstreamRef, digest string, a
 	return u.blobRequest(ctx, http.MethodGet, r, digest, auth)
 }
 
-// headBlob asks upstream whether repository r holds blob digest for auth: nil if so.
-func (u *Upstream) headBlob(ctx context.Context, r upstreamRef, digest string, auth authn.Authenticator) error {
-	body, _, err := u.blobRequest(ctx, http.MethodHead, r, digest, auth)
-	if err == nil {
-		body.Close()
-	}
-	return err
-}
-
 func (u *Upstream) blobRequest(ctx context.Context, method string, r upstreamRef, digest string, auth authn.Authenticator) (io.ReadCloser, int64, error) {
 	u.init()
 	ep, rt, err := u.open(ctx, r, auth)

@@ -2,8 +2,11 @@ package registry
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -256,13 +259,27 @@ func (s *Server) nodeBlob(w http.ResponseWriter, r *http.Request, v *view, name,
 		fail(w, errf(errBlobUnknown, "blob %s is not part of %s", digest, name))
 		return
 	}
-	// Not in this view of name: upstream must say name holds it for this node before
-	// the node gets the stored bytes or joins a fetch another node started.
+	// Not in this view of name. Upstream saying it holds the blob proves nothing (a
+	// tenant can run a registry that says yes to every digest), so the node gets only
+	// the bytes its upstream sends, fetched for it alone: never the stored copy, never
+	// another node's fetch. What arrives and matches the digest is kept if new.
 	if why := s.Upstream.allowed(up.registry); why != "" {
 		fail(w, errf(errDenied, "%s", why))
 		return
 	}
-	if err := s.Upstream.headBlob(r.Context(), up, digest, v.credentials()); err != nil {
+	s.passThrough(w, r, v, name, up, digest)
+}
+
+// passThrough streams blob digest of up, fetched with v's credentials, to the node,
+// and stores it if it matches and the store lacks it.
+func (s *Server) passThrough(w http.ResponseWriter, r *http.Request, v *view, name string, up upstreamRef, digest string) {
+	s.metrics.miss()
+	method := http.MethodGet
+	if r.Method == http.MethodHead {
+		method = http.MethodHead // upstream's word, and no bytes
+	}
+	body, size, err := s.Upstream.blobRequest(r.Context(), method, up, digest, v.credentials())
+	if err != nil {
 		if isAuthErr(err) && v.auth == nil {
 			fail(w, challenge(up))
 			return
@@ -271,7 +288,41 @@ func (s *Server) nodeBlob(w http.ResponseWriter, r *http.Request, v *view, name,
 		fail(w, asRegistryError(up, "blob "+digest, err))
 		return
 	}
-	serve(v.credentials())
+	defer body.Close()
+	if size > s.maxBlob() {
+		fail(w, errf(errSizeInvalid, "blob %s of %s is %d bytes upstream, over this host's limit of %d", digest, up.canonical, size, s.maxBlob()))
+		return
+	}
+	tmp, err := s.st.tempFile("pass")
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	defer os.Remove(tmp.Name())
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Docker-Content-Digest", digest)
+	if size >= 0 {
+		h.Set("Content-Length", fmt.Sprint(size))
+	}
+	w.WriteHeader(http.StatusOK)
+	if method == http.MethodHead {
+		return
+	}
+	sum := sha256.New()
+	n, err := io.Copy(io.MultiWriter(w, tmp, sum), &cappedReader{r: body, left: s.maxBlob()})
+	s.metrics.fromUpstream(n)
+	if err != nil || (size >= 0 && n != size) || "sha256:"+hex.EncodeToString(sum.Sum(nil)) != digest {
+		tmp.Close()
+		panic(http.ErrAbortHandler) // the node sees a cut body and discards it
+	}
+	if _, err := s.st.statBlob(digest); err != nil {
+		if err := s.st.commitBlob(tmp, digest); err != nil {
+			s.log.Warn("keeping a passed-through blob", "digest", digest, "err", err)
+		}
+		return
+	}
+	tmp.Close()
 }
 
 func serveBlobFile(w http.ResponseWriter, r *http.Request, f *os.File, digest string) {

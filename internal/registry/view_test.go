@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -274,5 +275,48 @@ func TestLayerShareHoldsOnlySharedImages(t *testing.T) {
 		if l.Digest == sha(secret.layer) || l.Digest == own.Layers[0].Digest {
 			t.Errorf("AllLayers lists %s, a layer of a cluster's own image", l.Digest)
 		}
+	}
+}
+
+// Tenant B runs a registry that says yes to every blob: naming A's private layer under
+// it gets B only what B's registry sends, never the bytes A pulled, and no fetch of A's.
+func TestALyingUpstreamGetsNoStoredBlob(t *testing.T) {
+	p := newPrivateUpstream(t)
+	secret := p.image(t, "private/app", "1", "the secret layer")
+	evil := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/blobs/") {
+			w.Header().Set("Content-Length", "5")
+			w.WriteHeader(http.StatusOK)
+			if r.Method == http.MethodGet {
+				w.Write([]byte("bogus"))
+			}
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(evil.Close)
+	pool := x509.NewCertPool()
+	pool.AddCert(p.ts.Certificate())
+	pool.AddCert(evil.Certificate())
+	s := &Server{Dir: t.TempDir(), Logger: testLogger(t), Upstream: &Upstream{Mirrors: map[string]string{"upstream.test": p.ts.URL, "evil.test": evil.URL}, RootCAs: pool}}
+	a := httptest.NewServer(s.NodeHandlerFor("a"))
+	b := httptest.NewServer(s.NodeHandlerFor("b"))
+	t.Cleanup(a.Close)
+	t.Cleanup(b.Close)
+	creds := []string{"Authorization", basic("ci", p.password)}
+	do(t, a, "GET", "/v2/private/app/manifests/1?ns=upstream.test", nil, creds...).expect(t, "A's private manifest", http.StatusOK)
+	do(t, a, "GET", "/v2/private/app/blobs/"+sha(secret.layer)+"?ns=upstream.test", nil, creds...).expect(t, "A's private layer", http.StatusOK)
+
+	res, err := b.Client().Get(b.URL + "/v2/x/blobs/" + sha(secret.layer) + "?ns=evil.test")
+	var got []byte
+	if err == nil {
+		got, _ = io.ReadAll(res.Body)
+		res.Body.Close()
+	}
+	if bytes.Contains(got, secret.layer) {
+		t.Fatalf("B got A's private layer through a registry that lies: %q", got)
+	}
+	if _, err := s.st.statBlob(sha(secret.layer)); err != nil {
+		t.Error("A's layer was lost")
 	}
 }
