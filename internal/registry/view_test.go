@@ -306,6 +306,14 @@ func TestALyingUpstreamGetsNoStoredBlob(t *testing.T) {
 	creds := []string{"Authorization", basic("ci", p.password)}
 	do(t, a, "GET", "/v2/private/app/manifests/1?ns=upstream.test", nil, creds...).expect(t, "A's private manifest", http.StatusOK)
 	do(t, a, "GET", "/v2/private/app/blobs/"+sha(secret.layer)+"?ns=upstream.test", nil, creds...).expect(t, "A's private layer", http.StatusOK)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := s.st.statBlob(sha(secret.layer)); err == nil {
+			break // the fill is committed: the stored copy is what B must not get
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("A's layer was not stored")
+		}
+	}
 
 	res, err := b.Client().Get(b.URL + "/v2/x/blobs/" + sha(secret.layer) + "?ns=evil.test")
 	var got []byte
