@@ -9,6 +9,22 @@ import (
 	"time"
 )
 
+// waitFills waits until no blob is being fetched (a fill commits after its last byte
+// reached the node).
+func waitFills(t *testing.T, s *Server) {
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s.fillMu.Lock()
+		n := len(s.fills)
+		s.fillMu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d fills still running", n)
+		}
+	}
+}
+
 // age makes everything in the store look last used and written an hour ago.
 func age(t *testing.T, dir string) {
 	old := time.Now().Add(-time.Hour)
@@ -43,6 +59,7 @@ func TestGCKeepsTheBudget(t *testing.T) {
 	pull("team/two", two)
 	mine := makeImage(t, host, "localhost:5000/mine", "pushed", false)
 	pushManifest(t, host, "localhost:5000/mine", "1", mine.manifest, mine.mediaType)
+	waitFills(t, s)
 	age(t, s.Dir)
 	// team/two was used just now: within the grace.
 	pull("team/two", two)
