@@ -226,12 +226,13 @@ func (s *Server) runFill(f *fill, up upstreamRef, tmp *os.File, auth authn.Authe
 	defer cancel()
 	start := time.Now()
 	err := s.fetchInto(ctx, cancel, f, up, tmp, auth)
+	n, _, _, _ := f.state()
 	if err != nil {
 		tmp.Close()
 		os.Remove(tmp.Name())
-		s.log.Warn("blob pull through failed", "name", up.canonical, "digest", f.digest, "bytes", f.n, "err", err)
+		s.log.Warn("blob pull through failed", "name", up.canonical, "digest", f.digest, "bytes", n, "err", err)
 	} else {
-		s.log.Info("blob pulled through", "name", up.canonical, "digest", f.digest, "bytes", f.n, "duration", time.Since(start).Round(time.Millisecond))
+		s.log.Info("blob pulled through", "name", up.canonical, "digest", f.digest, "bytes", n, "duration", time.Since(start).Round(time.Millisecond))
 	}
 	s.fillMu.Lock()
 	delete(s.fills, f.digest)
