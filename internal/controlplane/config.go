@@ -42,9 +42,12 @@ type Config struct {
 	// port: a sleeping tenant wakes only for a client that names it. The
 	// serving certificate is valid for it besides the usual names, and the
 	// admin kubeconfig sends it (tls-server-name). "" for none.
-	ServerName       string `json:"serverName,omitempty"`
-	ServiceCIDR      string `json:"serviceCIDR"`
-	ClusterCIDR      string `json:"clusterCIDR,omitempty"`
+	ServerName  string `json:"serverName,omitempty"`
+	ServiceCIDR string `json:"serviceCIDR"`
+	ClusterCIDR string `json:"clusterCIDR,omitempty"`
+	// NodeCIDR is the cluster's node network: with ClusterCIDR, all a tenant's
+	// apiserver may dial for its cluster (egress.go).
+	NodeCIDR         string `json:"nodeCIDR,omitempty"`
 	NodeCIDRMaskSize int    `json:"nodeCIDRMaskSize,omitempty"`
 	// Tenant enables what worker nodes need: Node authorization, bootstrap
 	// tokens, NodeRestriction.

@@ -161,7 +161,15 @@ func parse(name string, sets cliflag.NamedFlagSets, args []string) error {
 
 func runAPIServer(ctx context.Context, c Config, log *slog.Logger) error {
 	s := apiserveroptions.NewServerRunOptions()
-	if err := parse("kube-apiserver", s.Flags(), apiserverArgs(c)); err != nil {
+	args := apiserverArgs(c)
+	if c.egressWalled() {
+		flag, err := startEgress(ctx, c, log.With("component", "egress"))
+		if err != nil {
+			return err
+		}
+		args = append(args, flag)
+	}
+	if err := parse("kube-apiserver", s.Flags(), args); err != nil {
 		return err
 	}
 	gateway := ""

@@ -15,10 +15,12 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +28,7 @@ import (
 	"time"
 
 	"golang.org/x/crypto/bcrypt"
+	"golang.org/x/sys/unix"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -73,42 +76,11 @@ func StartUpstream(t testing.TB, opts UpstreamOptions) *Upstream {
 	if err != nil {
 		Skip(t, "docker-registry is not installed (Debian package docker-registry; hack/deps installs it)")
 	}
-	// A free 10.253.k.0/30: another test's namespace may hold one.
-	k := 0
-	for range 50 {
-		c := 1 + mrand.IntN(250)
-		if exec.Command("ip", "netns", "pids", fmt.Sprintf("regup%d", c)).Run() != nil {
-			k = c
-			break
-		}
-	}
-	if k == 0 {
-		t.Fatal("no free upstream test network in 10.253.0.0/16")
-	}
-	u := &Upstream{ns: fmt.Sprintf("regup%d", k), dir: t.TempDir(), done: make(chan struct{})}
-	hostIP, regIP := fmt.Sprintf("10.253.%d.1", k), fmt.Sprintf("10.253.%d.2", k)
+	peer := NewPeer(t)
+	u := &Upstream{ns: peer.Netns, dir: t.TempDir(), done: make(chan struct{})}
+	regIP := peer.Addr.String()
 	u.Addr = regIP + ":5000"
-	veth := fmt.Sprintf("regup%dh", k)
-	sh := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-	exec.Command("ip", "netns", "del", u.ns).Run()
-	exec.Command("ip", "link", "del", veth).Run()
-	sh("ip", "netns", "add", u.ns)
-	t.Cleanup(func() {
-		u.Stop()
-		exec.Command("ip", "link", "del", veth).Run()
-		exec.Command("ip", "netns", "del", u.ns).Run()
-	})
-	sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", u.ns)
-	sh("ip", "addr", "add", hostIP+"/30", "dev", veth)
-	sh("ip", "link", "set", veth, "up")
-	sh("ip", "-n", u.ns, "addr", "add", regIP+"/30", "dev", "eth0")
-	sh("ip", "-n", u.ns, "link", "set", "eth0", "up")
-	sh("ip", "-n", u.ns, "link", "set", "lo", "up")
+	t.Cleanup(u.Stop) // before the namespace goes (cleanups run last first)
 
 	caPEM, certPEM, keyPEM, err := testPKI(regIP)
 	if err != nil {
@@ -124,7 +96,7 @@ func StartUpstream(t testing.TB, opts UpstreamOptions) *Upstream {
 	u.pool.AppendCertsFromPEM(caPEM)
 	auth := ""
 	if opts.Auth {
-		u.User, u.Password = "ci", "s3cret-"+fmt.Sprint(k)
+		u.User, u.Password = "ci", fmt.Sprintf("s3cret-%d", mrand.Uint32())
 		h, err := bcrypt.GenerateFromPassword([]byte(u.Password), bcrypt.MinCost)
 		if err != nil {
 			t.Fatal(err)
@@ -265,6 +237,86 @@ func (u *Upstream) SentBytes() int64 {
 func (u *Upstream) Log() string {
 	b, _ := os.ReadFile(u.logPath)
 	return string(b)
+}
+
+// Peer is a network namespace behind a veth from the host: a machine on the host's
+// LAN, as far as the host can tell (10.253.k.2, the host 10.253.k.1).
+type Peer struct {
+	Netns string
+	Addr  netip.Addr
+}
+
+// NewPeer makes a Peer, removed when t ends. It needs root.
+func NewPeer(t testing.TB) Peer {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Skip(t, "needs root: a network namespace")
+	}
+	// A free 10.253.k.0/30: another test's namespace may hold one.
+	k := 0
+	for range 50 {
+		c := 1 + mrand.IntN(250)
+		if exec.Command("ip", "netns", "pids", fmt.Sprintf("regup%d", c)).Run() != nil {
+			k = c
+			break
+		}
+	}
+	if k == 0 {
+		t.Fatal("no free test network in 10.253.0.0/16")
+	}
+	p := Peer{Netns: fmt.Sprintf("regup%d", k), Addr: netip.MustParseAddr(fmt.Sprintf("10.253.%d.2", k))}
+	hostIP := fmt.Sprintf("10.253.%d.1", k)
+	veth := fmt.Sprintf("regup%dh", k)
+	sh := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	exec.Command("ip", "netns", "del", p.Netns).Run()
+	exec.Command("ip", "link", "del", veth).Run()
+	sh("ip", "netns", "add", p.Netns)
+	t.Cleanup(func() {
+		exec.Command("ip", "link", "del", veth).Run()
+		exec.Command("ip", "netns", "del", p.Netns).Run()
+	})
+	sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", p.Netns)
+	sh("ip", "addr", "add", hostIP+"/30", "dev", veth)
+	sh("ip", "link", "set", veth, "up")
+	sh("ip", "-n", p.Netns, "addr", "add", p.Addr.String()+"/30", "dev", "eth0")
+	sh("ip", "-n", p.Netns, "link", "set", "eth0", "up")
+	sh("ip", "-n", p.Netns, "link", "set", "lo", "up")
+	return p
+}
+
+// Listen opens a TCP listener on addr inside the peer's namespace (the socket stays in
+// it after this thread returns to the host's).
+func (p Peer) Listen(t testing.TB, port int) net.Listener {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	host, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	ns, err := os.Open("/run/netns/" + p.Netns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+		t.Fatalf("entering netns %s: %v", p.Netns, err)
+	}
+	ln, lerr := net.Listen("tcp", netip.AddrPortFrom(p.Addr, uint16(port)).String())
+	if err := unix.Setns(int(host.Fd()), unix.CLONE_NEWNET); err != nil {
+		panic(fmt.Sprintf("returning to the host's netns: %v", err)) // this thread is unusable
+	}
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
 }
 
 // testPKI makes a CA and a server certificate for ip, PEM-encoded.

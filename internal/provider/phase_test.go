@@ -214,21 +214,29 @@ func findCondition(cs []metav1.Condition, typ string) *metav1.Condition {
 // when the lease holds a node network, that network's gateway: a woken
 // cluster may get another network than it slept with.
 func TestProvisionedFor(t *testing.T) {
-	cfg := controlplane.Config{Port: 7500, AdvertiseAddress: "10.250.3.1"}
+	cfg := controlplane.Config{Port: 7500, AdvertiseAddress: "10.250.3.1", NodeCIDR: "10.250.3.0/24"}
+	old := cfg
+	old.NodeCIDR = ""
 	tests := []struct {
 		name  string
+		cfg   *controlplane.Config
 		lease lease.Lease
 		want  bool
 	}{
-		{"same port and network", lease.Lease{Port: 7500, Network: 3}, true},
-		{"asleep: the port is enough", lease.Lease{Port: 7500}, true},
-		{"woken on another network", lease.Lease{Port: 7500, Network: 4}, false},
-		{"another port", lease.Lease{Port: 7501, Network: 3}, false},
-		{"a network outside the plan", lease.Lease{Port: 7500, Network: 999}, false},
+		{"same port and network", nil, lease.Lease{Port: 7500, Network: 3}, true},
+		{"written before the egress wall (no node CIDR)", &old, lease.Lease{Port: 7500, Network: 3}, false},
+		{"asleep: the port is enough", nil, lease.Lease{Port: 7500}, true},
+		{"woken on another network", nil, lease.Lease{Port: 7500, Network: 4}, false},
+		{"another port", nil, lease.Lease{Port: 7501, Network: 3}, false},
+		{"a network outside the plan", nil, lease.Lease{Port: 7500, Network: 999}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := provisionedFor(cfg, tt.lease); got != tt.want {
+			c := cfg
+			if tt.cfg != nil {
+				c = *tt.cfg
+			}
+			if got := provisionedFor(c, tt.lease); got != tt.want {
 				t.Errorf("provisionedFor(%+v) = %v, want %v", tt.lease, got, tt.want)
 			}
 		})

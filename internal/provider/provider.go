@@ -543,6 +543,7 @@ func (p *Provider) controlPlaneConfig(c *v1.Cluster, l lease.Lease, endpoint str
 		AdvertiseAddress: net.Gateway.String(),
 		ServiceCIDR:      net.ServiceCIDR.String(),
 		ClusterCIDR:      net.PodCIDR.String(),
+		NodeCIDR:         net.NodeCIDR.String(),
 		NodeCIDRMaskSize: 24,
 		Tenant:           true,
 		SeedDir:          controlplane.SeedDirIn(p.cfg.StateDir),
@@ -561,7 +562,8 @@ func provisionedFor(cfg controlplane.Config, l lease.Lease) bool {
 		return true
 	}
 	plan, err := nodenet.ForIndex(l.Network)
-	return err == nil && cfg.AdvertiseAddress == plan.Gateway.String()
+	// A config without its node CIDR predates the apiserver's egress wall: write it again.
+	return err == nil && cfg.AdvertiseAddress == plan.Gateway.String() && cfg.NodeCIDR == plan.NodeCIDR.String()
 }
 
 func (p *Provider) provision(ctx context.Context, c *v1.Cluster, l lease.Lease) error {

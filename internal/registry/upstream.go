@@ -22,6 +22,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+
+	"github.com/socialweb-computer/socialweb/internal/publicaddr"
 )
 
 // Upstream is where the registry fetches an image it does not hold: the image's own
@@ -169,27 +171,7 @@ func (e *notPublicError) Error() string {
 	return fmt.Sprintf("%s is not a public address; the host fetches only public registries for nodes (an operator can add a mirror for a private one)", e.addr)
 }
 
-var nonPublic = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),
-	netip.MustParsePrefix("100.64.0.0/10"), // CGNAT
-	netip.MustParsePrefix("192.0.0.0/24"),
-	netip.MustParsePrefix("198.18.0.0/15"),
-	netip.MustParsePrefix("240.0.0.0/4"),
-	netip.MustParsePrefix("64:ff9b::/96"), // NAT64 could reach any of the above
-}
-
-func publicAddr(a netip.Addr) bool {
-	a = a.Unmap()
-	if !a.IsGlobalUnicast() || a.IsPrivate() {
-		return false // loopback, link-local, multicast, unspecified, RFC 1918, ULA
-	}
-	for _, p := range nonPublic {
-		if p.Contains(a) {
-			return false
-		}
-	}
-	return true
-}
+func publicAddr(a netip.Addr) bool { return publicaddr.Is(a) }
 
 // allowed says why the host may not fetch from registry reg for a node, or "".
 func (u *Upstream) allowed(reg string) string {
