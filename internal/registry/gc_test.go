@@ -41,10 +41,8 @@ func age(t *testing.T, dir string) {
 // references.
 func TestGCKeepsTheBudget(t *testing.T) {
 	u := newUpstream(t)
-	one := makeImage(t, u.push, "team/one", "one", false)
-	pushManifest(t, u.push, "team/one", "1", one.manifest, one.mediaType)
-	two := makeImage(t, u.push, "team/two", "two", false)
-	pushManifest(t, u.push, "team/two", "1", two.manifest, two.mediaType)
+	one, _ := u.publish(t, "team/one", "1", "one")
+	two, _ := u.publish(t, "team/two", "1", "two")
 	s, _ := u.cache(t, nil)
 	node := httptest.NewServer(s.NodeHandlerFor("a"))
 	t.Cleanup(node.Close)

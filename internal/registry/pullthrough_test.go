@@ -61,6 +61,12 @@ func newUpstream(t *testing.T) *upstreamFake {
 	return u
 }
 
+// publish pushes a new image (its layer made from seed) upstream as repo:tag.
+func (u *upstreamFake) publish(t *testing.T, repo, tag, seed string) (testImage, string) {
+	img := makeImage(t, u.push, repo, seed, false)
+	return img, pushManifest(t, u.push, repo, tag, img.manifest, img.mediaType)
+}
+
 func (u *upstreamFake) count(k string) int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -85,8 +91,7 @@ func (u *upstreamFake) cache(t *testing.T, tweak func(*Upstream)) (*Server, *htt
 // once, and every later pull is served from the store.
 func TestPullThroughFetchesOnceThenServesFromTheStore(t *testing.T) {
 	u := newUpstream(t)
-	img := makeImage(t, u.push, "team/app", "v1", false)
-	d := pushManifest(t, u.push, "team/app", "1.0", img.manifest, img.mediaType)
+	img, d := u.publish(t, "team/app", "1.0", "v1")
 	_, node := u.cache(t, nil)
 
 	for round := 1; round <= 3; round++ {
@@ -118,8 +123,7 @@ func TestPullThroughFetchesOnceThenServesFromTheStore(t *testing.T) {
 // receiving bytes before upstream has sent the whole blob.
 func TestPullThroughSharesOneFetchAndStreams(t *testing.T) {
 	u := newUpstream(t)
-	img := makeImage(t, u.push, "team/big", "v1", false)
-	pushManifest(t, u.push, "team/big", "1", img.manifest, img.mediaType)
+	img, _ := u.publish(t, "team/big", "1", "v1")
 	_, node := u.cache(t, nil)
 	do(t, node, "GET", "/v2/team/big/manifests/1?ns=upstream.test", nil).expect(t, "the manifest, first, as containerd does", http.StatusOK)
 	u.mu.Lock()
@@ -159,8 +163,7 @@ func TestPullThroughSharesOneFetchAndStreams(t *testing.T) {
 // A tag pushed on the host is never replaced from upstream.
 func TestPullThroughTagTTL(t *testing.T) {
 	u := newUpstream(t)
-	v1 := makeImage(t, u.push, "team/app", "v1", false)
-	d1 := pushManifest(t, u.push, "team/app", "latest", v1.manifest, v1.mediaType)
+	_, d1 := u.publish(t, "team/app", "latest", "v1")
 	ttl := 300 * time.Millisecond
 	s, node := u.cache(t, func(up *Upstream) { up.TagTTL = ttl })
 	get := func() string {
@@ -169,8 +172,7 @@ func TestPullThroughTagTTL(t *testing.T) {
 	if got := get(); got != d1 {
 		t.Fatalf("first pull %s, want %s", got, d1)
 	}
-	v2 := makeImage(t, u.push, "team/app", "v2", false)
-	d2 := pushManifest(t, u.push, "team/app", "latest", v2.manifest, v2.mediaType)
+	_, d2 := u.publish(t, "team/app", "latest", "v2")
 	if got := get(); got != d1 {
 		t.Errorf("within the TTL: %s, want the cached %s", got, d1)
 	}
@@ -200,8 +202,7 @@ func TestPullThroughTagTTL(t *testing.T) {
 // error that says upstream could not be reached.
 func TestPullThroughUpstreamDown(t *testing.T) {
 	u := newUpstream(t)
-	img := makeImage(t, u.push, "team/app", "v1", false)
-	d := pushManifest(t, u.push, "team/app", "1", img.manifest, img.mediaType)
+	img, d := u.publish(t, "team/app", "1", "v1")
 	_, node := u.cache(t, func(up *Upstream) { up.TagTTL = time.Millisecond; up.Timeout = 2 * time.Second })
 	do(t, node, "GET", "/v2/team/app/manifests/1?ns=upstream.test", nil).expect(t, "warm", http.StatusOK)
 	do(t, node, "GET", "/v2/team/app/blobs/"+sha(img.layer)+"?ns=upstream.test", nil).expect(t, "warm", http.StatusOK)
@@ -222,8 +223,7 @@ func TestPullThroughUpstreamDown(t *testing.T) {
 // errors that say so; and a tenant cannot point the host at a private address.
 func TestPullThroughRefusals(t *testing.T) {
 	u := newUpstream(t)
-	img := makeImage(t, u.push, "team/app", "v1", false)
-	pushManifest(t, u.push, "team/app", "1", img.manifest, img.mediaType)
+	img, _ := u.publish(t, "team/app", "1", "v1")
 	_, node := u.cache(t, func(up *Upstream) {
 		up.Deny = []string{"*.evil.example"}
 		up.Timeout = 2 * time.Second
@@ -262,8 +262,7 @@ func TestPullThroughRefusals(t *testing.T) {
 // pull asks again.
 func TestPullThroughRefusesABadDigest(t *testing.T) {
 	u := newUpstream(t)
-	img := makeImage(t, u.push, "team/app", "v1", false)
-	pushManifest(t, u.push, "team/app", "1", img.manifest, img.mediaType)
+	u.publish(t, "team/app", "1", "v1")
 	s, node := u.cache(t, nil)
 	wrong := sha([]byte("something else"))
 	// Upstream serves any blob for any digest (its blobs are global): ask for a digest
