@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -101,5 +102,88 @@ func TestPostgresDatabasePerControlPlane(t *testing.T) {
 	var n int
 	if err := adb.QueryRow("SELECT count(*) FROM pg_database WHERE datname = $1", DatabaseName(name)).Scan(&n); err != nil || n != 0 {
 		t.Errorf("database still exists after Remove (count %d, %v)", n, err)
+	}
+}
+
+// Each control plane's endpoint logs in as a role of its own: it owns its database
+// (kine can make its tables), is no superuser, cannot connect to another tenant's
+// database, and a database made before roles were is handed over to it.
+func TestPostgresRolePerControlPlane(t *testing.T) {
+	admin := livetest.Postgres(t)
+	s, err := Open(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	a, b := "dsrole-a", "dsrole-b"
+	for _, n := range []string{a, b} {
+		defer s.Remove(ctx, n, "")
+	}
+	// b's database predates roles: made by the admin, with a table of the admin's.
+	adb, err := sql.Open("pgx", admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adb.Close()
+	s.Remove(ctx, b, "")
+	if _, err := adb.ExecContext(ctx, `CREATE DATABASE "`+DatabaseName(b)+`"`); err != nil {
+		t.Fatal(err)
+	}
+	bAdmin := strings.Replace(admin, "/postgres?", "/"+DatabaseName(b)+"?", 1)
+	if bdb, err := sql.Open("pgx", bAdmin); err == nil {
+		if _, err := bdb.ExecContext(ctx, `CREATE TABLE kine (id bigserial primary key, name text)`); err != nil {
+			t.Fatalf("making the old table (admin URL %s): %v", bAdmin, err)
+		}
+		bdb.Close()
+	}
+	epA, err := s.Ensure(ctx, a, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	epB, err := s.Ensure(ctx, b, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.Ensure(ctx, a, ""); err != nil || again != epA {
+		t.Errorf("a second Ensure gave %v, %v; want the same endpoint (running control planes keep their password)", again, err)
+	}
+	for _, tc := range []struct{ name, ep, table string }{{a, epA, "t"}, {b, epB, "kine"}} {
+		db, err := sql.Open("pgx", tc.ep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var user string
+		var super bool
+		if err := db.QueryRowContext(ctx, "SELECT current_user, usesuper FROM pg_user WHERE usename = current_user").Scan(&user, &super); err != nil {
+			t.Fatalf("%s's endpoint does not log in: %v", tc.name, err)
+		}
+		if user != DatabaseName(tc.name) || super {
+			t.Errorf("%s logs in as %s (superuser %v), want %s and no superuser", tc.name, user, super, DatabaseName(tc.name))
+		}
+		if tc.table == "t" {
+			if _, err := db.ExecContext(ctx, `CREATE TABLE t (x int)`); err != nil {
+				t.Errorf("%s cannot make a table in its own database: %v", tc.name, err)
+			}
+		}
+		if _, err := db.ExecContext(ctx, `INSERT INTO `+tc.table+` DEFAULT VALUES`); err != nil {
+			t.Errorf("%s cannot write its own table %s: %v", tc.name, tc.table, err)
+		}
+		db.Close()
+	}
+	// a's credentials on b's database.
+	cross, _ := url.Parse(epA)
+	cross.Path = "/" + DatabaseName(b)
+	db, _ := sql.Open("pgx", cross.String())
+	err = db.PingContext(ctx)
+	db.Close()
+	if err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("a's role connecting to b's database: %v; want permission denied", err)
+	}
+	if err := s.Remove(ctx, a, ""); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := adb.QueryRowContext(ctx, "SELECT count(*) FROM pg_roles WHERE rolname = $1", DatabaseName(a)).Scan(&n); err != nil || n != 0 {
+		t.Errorf("role %s left after Remove (%d, %v)", DatabaseName(a), n, err)
 	}
 }
