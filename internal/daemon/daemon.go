@@ -483,7 +483,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, TCGGuestASLR: v.TCGGuestASLR, BootTimeout: v.NodeBootTimeout,
 			SharedLayers: v.SharedLayers, Executable: v.Executable, WarmPool: v.WarmPool, WarmPoolShape: warmPoolShape(v.Defaults),
 			WarmPoolPrewarm: v.WarmPoolPrewarm, WarmPoolRefillDelay: v.WarmPoolRefillDelay, Upstream: v.upstream,
-			ImageCacheSize: v.ImageCacheSize, ClusterQuota: v.ImageClusterQuota},
+			ImageCacheSize: v.ImageCacheSize, ClusterQuota: v.ImageClusterQuota, Cgroups: v.cgroups},
 		nodeservice.Deps{Networks: nets, Plan: plan, Status: provider.ScaleStatus{Client: dyn}, Metrics: reg, Log: log})
 	if err != nil {
 		return err

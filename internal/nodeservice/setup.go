@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/socialweb-computer/socialweb/internal/cgroup"
 	"github.com/socialweb-computer/socialweb/internal/images"
 	"github.com/socialweb-computer/socialweb/internal/layershare"
 	"github.com/socialweb-computer/socialweb/internal/layerstore"
@@ -66,6 +67,8 @@ type Config struct {
 	// ClusterQuota caps each cluster's own images (registry.Server.ClusterQuota).
 	ImageCacheSize int64
 	ClusterQuota   int64
+	// Cgroups holds each VM's qemu in a group of its own (qemu.Config.Cgroups); nil none.
+	Cgroups *cgroup.Hierarchy
 }
 
 // GCInterval is how often the registry is garbage collected.
@@ -112,7 +115,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 		layers = &layershare.Config{Dir: store.Dir(), Executable: cfg.Executable}
 	}
 	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(cfg.StateDir, "nodes"), ImageDir: cfg.NodeImage, Verdict: cfg.Verdict, TCGCacheMiB: cfg.TCGCacheMiB, TCGGuestASLR: cfg.TCGGuestASLR, Layers: layers,
-		PoolSize: cfg.WarmPool, PoolShape: cfg.WarmPoolShape, PoolPrewarm: cfg.WarmPoolPrewarm, PoolRefillDelay: cfg.WarmPoolRefillDelay},
+		PoolSize: cfg.WarmPool, PoolShape: cfg.WarmPoolShape, PoolPrewarm: cfg.WarmPoolPrewarm, PoolRefillDelay: cfg.WarmPoolRefillDelay, Cgroups: cfg.Cgroups},
 		qemu.Deps{Networks: deps.Networks, Joiner: joiners, Plan: deps.Plan, Log: log.With("component", "qemu")})
 	if err != nil {
 		return nil, fmt.Errorf("starting the node provider: %w", err)

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +35,28 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 )
+
+func cgroupV2Socialweb() bool {
+	_, err := os.Stat("/sys/fs/cgroup/socialweb/cgroup.procs")
+	return err == nil
+}
+
+// vmMemoryLimit reads the memory cap of the group /proc/PID/cgroup names (v1 or v2).
+func vmMemoryLimit(procCgroup string) int64 {
+	for _, l := range strings.Split(procCgroup, "\n") {
+		f := strings.SplitN(l, ":", 3)
+		if len(f) != 3 || !strings.Contains(f[2], "/vm-") {
+			continue
+		}
+		for _, p := range []string{"/sys/fs/cgroup/memory" + f[2] + "/memory.limit_in_bytes", "/sys/fs/cgroup" + f[2] + "/memory.max"} {
+			if b, err := os.ReadFile(p); err == nil {
+				n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+				return n
+			}
+		}
+	}
+	return -1
+}
 
 // nodeImage builds (or reuses) the node image with `socialweb image build --ensure`, the
 // command the README's main job runs, and returns its directory.
@@ -146,6 +169,16 @@ func TestFourStepProof(t *testing.T) {
 		for _, want := range []string{"\nSeccomp:\t2\n", "\nNoNewPrivs:\t1\n"} {
 			if !strings.Contains(string(st), want) {
 				t.Errorf("step 4: qemu %d's status lacks %q (no -sandbox?):\n%s", pid, strings.TrimSpace(want), st)
+			}
+		}
+		// And in a cgroup of its own, capped (where the host gives cgroups: the
+		// daemon's default parent serves without them, saying so, where it does not).
+		if _, err := os.Stat("/sys/fs/cgroup/memory/socialweb"); err == nil || cgroupV2Socialweb() {
+			cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+			if !strings.Contains(string(cg), "/socialweb/vm-") {
+				t.Errorf("step 4: qemu %d is in no VM cgroup of its own:\n%s", pid, cg)
+			} else if limit := vmMemoryLimit(string(cg)); limit <= 0 || limit > 8<<30 {
+				t.Errorf("step 4: qemu %d's cgroup memory limit is %d bytes; want a cap near the guest's memory", pid, limit)
 			}
 		}
 	}

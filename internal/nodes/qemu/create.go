@@ -3,6 +3,8 @@ package qemu
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -13,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/socialweb-computer/socialweb/internal/cgroup"
 	"github.com/socialweb-computer/socialweb/internal/identity"
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
@@ -437,7 +440,59 @@ func (p *Provider) start(inst *instance, l launch) error {
 		<-done
 		return fmt.Errorf("qemu exited at once (%s)%s", exitText(inst.exitErr), p.qemuSaid(inst))
 	}
-	return p.update(inst, func(r *record) { r.Process = &id })
+	group, err := p.jail(inst, l, cmd.Process.Pid)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		<-done
+		return fmt.Errorf("putting qemu in its cgroup: %w", err)
+	}
+	return p.update(inst, func(r *record) { r.Process, r.Cgroup = &id, group })
+}
+
+// vmOverheadMiB is what a qemu takes beyond its guest's memory and TCG cache (its
+// own code, I/O buffers, virtio queues); its memory cap leaves that much room.
+const vmOverheadMiB = 384
+
+// VMGroup is the cgroup of the VM in directory dir of the daemon with stateDir.
+func VMGroup(stateDir, dir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return "vm-" + hex.EncodeToString(sum[:4]) + "-" + filepath.Base(dir)
+}
+
+// jail moves qemu (pid) into a group of its own and returns the group's name ("" when
+// the provider has no cgroups).
+func (p *Provider) jail(inst *instance, l launch, pid int) (string, error) {
+	if p.cfg.Cgroups == nil {
+		return "", nil
+	}
+	name := VMGroup(p.cfg.StateDir, inst.dir)
+	mem := l.MemoryMiB + vmOverheadMiB
+	if l.Accel == AccelTCG {
+		cache := l.TCGCacheMiB
+		if cache == 0 {
+			cache = 1024 // qemu's default tb-size
+		}
+		mem += cache
+	}
+	g, err := p.cfg.Cgroups.Ensure(name, cgroup.Limits{MemoryMax: mem << 20, PIDsMax: 512, CPUWeight: 100})
+	if err != nil {
+		return "", err
+	}
+	if err := g.Add(pid); err != nil {
+		g.Remove()
+		return "", err
+	}
+	return name, nil
+}
+
+// unjail removes a stopped VM's group.
+func (p *Provider) unjail(inst *instance) {
+	if p.cfg.Cgroups == nil || inst.rec.Cgroup == "" {
+		return
+	}
+	if err := p.cfg.Cgroups.Lookup(inst.rec.Cgroup).Remove(); err != nil {
+		p.log.Warn("removing a VM's cgroup", "group", inst.rec.Cgroup, "err", err)
+	}
 }
 
 // update changes inst's record under the lock and writes it.

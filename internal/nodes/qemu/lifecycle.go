@@ -116,6 +116,7 @@ func (p *Provider) destroy(ctx context.Context, inst *instance) error {
 	if err := p.stop(ctx, inst); err != nil {
 		return err
 	}
+	p.unjail(inst)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	for _, tap := range []string{inst.rec.Tap, inst.rec.PoolTap} {

@@ -734,6 +734,7 @@ func (p *Provider) destroyPool(inst *instance, keepConsole bool) error {
 	if err := p.stopPoolVM(inst); err != nil {
 		return err
 	}
+	p.unjail(inst)
 	p.mu.Lock()
 	dir, rec := inst.dir, inst.rec
 	p.mu.Unlock()

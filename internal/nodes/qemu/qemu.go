@@ -41,6 +41,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/socialweb-computer/socialweb/internal/cgroup"
 	"github.com/socialweb-computer/socialweb/internal/identity"
 	"github.com/socialweb-computer/socialweb/internal/layershare"
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
@@ -145,6 +146,10 @@ type Config struct {
 	// replacement (DefaultPoolRefillDelay in the daemon; 0: at once). Under TCG a boot
 	// takes a host core for many seconds, the core the claimed node needs to start.
 	PoolRefillDelay time.Duration
+	// Cgroups, if set, holds each VM's qemu in a group of its own (VMGroup) with a
+	// memory cap (guest memory, its TCG cache and some overhead) and a pids cap: an
+	// escape from a guest, or a qemu gone wrong, takes that much of the host and no more.
+	Cgroups *cgroup.Hierarchy
 }
 
 // Networks is the part of nodenet.Manager the provider uses. The cluster's bridge must

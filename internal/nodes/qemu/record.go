@@ -71,6 +71,9 @@ type record struct {
 	// Claimed is when a pool VM was handed to its cluster; nil for a node booted for it.
 	// The node's boot and join deadlines count from here, not from Created.
 	Claimed *time.Time `json:"claimed,omitempty"`
+	// Cgroup is the group qemu runs in (Config.Cgroups); "" for none. Kept here, not
+	// derived from the directory: a claimed pool VM changes directory, not group.
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 // since is when the node was given to its cluster: its claim, or its boot.
