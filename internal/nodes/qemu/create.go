@@ -466,15 +466,7 @@ func (p *Provider) jail(inst *instance, l launch, pid int) (string, error) {
 		return "", nil
 	}
 	name := VMGroup(p.cfg.StateDir, inst.dir)
-	mem := l.MemoryMiB + vmOverheadMiB
-	if l.Accel == AccelTCG {
-		cache := l.TCGCacheMiB
-		if cache == 0 {
-			cache = 1024 // qemu's default tb-size
-		}
-		mem += cache
-	}
-	g, err := p.cfg.Cgroups.Ensure(name, cgroup.Limits{MemoryMax: mem << 20, PIDsMax: 512, CPUWeight: 100})
+	g, err := p.cfg.Cgroups.Ensure(name, vmLimits(l))
 	if err != nil {
 		return "", err
 	}
@@ -483,6 +475,20 @@ func (p *Provider) jail(inst *instance, l launch, pid int) (string, error) {
 		return "", err
 	}
 	return name, nil
+}
+
+// vmLimits caps a VM's qemu: its guest's memory, its TCG cache and vmOverheadMiB;
+// 512 threads (vCPUs, I/O workers).
+func vmLimits(l launch) cgroup.Limits {
+	mem := l.MemoryMiB + vmOverheadMiB
+	if l.Accel == AccelTCG {
+		cache := l.TCGCacheMiB
+		if cache == 0 {
+			cache = 1024 // qemu's default tb-size
+		}
+		mem += cache
+	}
+	return cgroup.Limits{MemoryMax: mem << 20, PIDsMax: 512, CPUWeight: 100}
 }
 
 // unjail removes a stopped VM's group.

@@ -1,0 +1,33 @@
+package qemu
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestVMLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		l    launch
+		mib  int64
+	}{
+		{"KVM: guest and overhead", launch{Accel: AccelKVM, MemoryMiB: 1024, TCGCacheMiB: 1024}, 1024 + vmOverheadMiB},
+		{"TCG: and its cache", launch{Accel: AccelTCG, MemoryMiB: 1024, TCGCacheMiB: 256}, 1024 + 256 + vmOverheadMiB},
+		{"TCG: qemu's default cache", launch{Accel: AccelTCG, MemoryMiB: 2048}, 2048 + 1024 + vmOverheadMiB},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := vmLimits(tc.l)
+			if got.MemoryMax != tc.mib<<20 || got.PIDsMax != 512 || got.Validate() != nil {
+				t.Errorf("vmLimits = %+v, want memory %d MiB, 512 pids, valid", got, tc.mib)
+			}
+		})
+	}
+}
+
+// Group names are one path component, differ between daemons, and name the VM.
+func TestVMGroup(t *testing.T) {
+	a, b := VMGroup("/var/lib/socialweb", "/var/lib/socialweb/nodes/ci-abc"), VMGroup("/srv/other", "/srv/other/nodes/ci-abc")
+	if a == b || !strings.HasPrefix(a, "vm-") || !strings.HasSuffix(a, "-ci-abc") || strings.Contains(a, "/") {
+		t.Errorf("VMGroup: %q and %q", a, b)
+	}
+}
