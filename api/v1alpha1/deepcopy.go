@@ -29,6 +29,9 @@ func (c *Cluster) DeepCopy() *Cluster {
 		d := *c.Status.LastScaleDecision
 		out.Status.LastScaleDecision = &d
 	}
+	if c.Status.PodStarts != nil {
+		out.Status.PodStarts = append([]PodStartPercentiles(nil), c.Status.PodStarts...)
+	}
 	if c.Status.Conditions != nil {
 		out.Status.Conditions = make([]metav1.Condition, len(c.Status.Conditions))
 		for i := range c.Status.Conditions {

@@ -152,6 +152,9 @@ type ClusterStatus struct {
 	AsleepSince *metav1.Time `json:"asleepSince,omitempty"`
 	// NextWake is when a sleeping cluster wakes by itself, ahead of its next CronJob.
 	NextWake *metav1.Time `json:"nextWake,omitempty"`
+	// PodStarts are the percentiles of Pod start times (created to every container
+	// started) over the last hour, one entry per path that had a start.
+	PodStarts []PodStartPercentiles `json:"podStarts,omitempty"`
 	// Restarts counts control-plane process restarts since the daemon started.
 	Restarts           int32              `json:"restarts,omitempty"`
 	ObservedGeneration int64              `json:"observedGeneration,omitempty"`
@@ -164,6 +167,24 @@ type ScaleDecision struct {
 	Target int32       `json:"target"`
 	Reason string      `json:"reason"`
 	Time   metav1.Time `json:"time"`
+}
+
+// Paths a Pod takes to a node, in PodStartPercentiles and socialweb_pod_start_seconds.
+const (
+	PodStartIdle = "idle" // a node that was up before the Pod was created
+	PodStartWarm = "warm" // a warm-pool VM claimed for a node booted for it
+	PodStartCold = "cold" // a node booted for it from nothing
+)
+
+// PodStartWindow is how far back PodStartPercentiles look.
+const PodStartWindow = time.Hour
+
+// PodStartPercentiles sum up one path's Pod starts within PodStartWindow.
+type PodStartPercentiles struct {
+	Path  string          `json:"path"`
+	Count int32           `json:"count"`
+	P50   metav1.Duration `json:"p50"`
+	P90   metav1.Duration `json:"p90"`
 }
 
 // ClusterList is a list of Clusters.
