@@ -50,7 +50,16 @@ func Decide(o Observed) (Decision, error) {
 	res := s.place(demands, o.MaxNodes+100)
 	intent -= len(res.notProvisionable)
 
+	var seal []string
+	if o.FreshNodePerJob {
+		for _, n := range s.nodes[:s.known] {
+			if n.existing && n.jobBound && !n.ranJob {
+				seal = append(seal, n.name)
+			}
+		}
+	}
 	d := Decision{
+		Seal:             seal,
 		Current:          s.known,
 		Target:           s.known,
 		Intent:           intent,
@@ -77,7 +86,9 @@ func Decide(o Observed) (Decision, error) {
 		idle = append(idle, n)
 		// A node not Ready for RepairAfter goes without waiting out the hold: it is not
 		// capacity worth keeping, and at the cap it stands in the way of one that works.
-		if n.blocked == "" && (o.Now.Sub(since) >= o.Hold || n.notReadyFor > 0) {
+		// Nor does a node that ran a job, with FreshNodePerJob: it is never reused.
+		spent := o.FreshNodePerJob && (n.ranJob || n.jobBound)
+		if n.blocked == "" && (o.Now.Sub(since) >= o.Hold || n.notReadyFor > 0 || spent) {
 			removable = append(removable, n)
 		}
 	}
@@ -143,21 +154,27 @@ func Decide(o Observed) (Decision, error) {
 			// Every node goes and nothing wants one: back to zero.
 			d.Action = Teardown
 		}
-		var held, notReady []string
+		var held, notReady, spent []string
 		for _, n := range removable {
-			if n.notReadyFor > 0 {
+			switch {
+			case n.notReadyFor > 0:
 				notReady = append(notReady, fmt.Sprintf("%s (%s)", n.name, fmtDur(n.notReadyFor)))
-			} else {
+			case o.FreshNodePerJob && (n.ranJob || n.jobBound) && o.Now.Sub(d.IdleSince[n.name]) < o.Hold:
+				spent = append(spent, n.name)
+			default:
 				held = append(held, n.name)
 			}
 		}
-		if d.Action == Teardown && len(notReady) == 0 {
+		if d.Action == Teardown && len(notReady) == 0 && len(spent) == 0 {
 			d.Reason = fmt.Sprintf("nothing running for %s, past the %s hold", fmtDur(o.Now.Sub(latest(removable, d.IdleSince))), o.Hold)
 			break
 		}
 		var parts []string
 		if len(notReady) > 0 {
 			parts = append(parts, fmt.Sprintf("%s not Ready for over %s, removed: %s", plural(len(notReady), "node"), o.RepairAfter, strings.Join(notReady, ", ")))
+		}
+		if len(spent) > 0 {
+			parts = append(parts, fmt.Sprintf("%s ran a job (a fresh node per job), removed without the hold: %s", plural(len(spent), "node"), strings.Join(spent, ", ")))
 		}
 		if len(held) > 0 {
 			parts = append(parts, fmt.Sprintf("%s idle past the %s hold: %s", plural(len(held), "node"), o.Hold, strings.Join(held, ", ")))

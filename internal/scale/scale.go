@@ -38,6 +38,13 @@ const (
 	LabelManaged = "socialweb.computer/managed"
 	// AnnotationDoNotDisrupt, "true" on a Pod (or Node), keeps its node from being removed.
 	AnnotationDoNotDisrupt = "socialweb.computer/do-not-disrupt"
+	// AnnotationRanJob is put on a node (with FreshNodePerJob) once a CI job Pod is bound
+	// to it: the node is cordoned then, and removed as soon as no workload Pod is left.
+	AnnotationRanJob = "socialweb.computer/ran-job"
+	// LabelCIJob marks the job Pods of a runner minted by `cluster runner-credential`.
+	LabelCIJob = "socialweb.computer/ci-job"
+	// GitLab Runner's kubernetes executor marks every job Pod with this label.
+	labelRunnerJobPod = "job.runner.gitlab.com/pod"
 	// annotationMirrorPod marks static pods the kubelet mirrors into the API.
 	annotationMirrorPod = corev1.MirrorPodAnnotationKey
 )
@@ -163,6 +170,11 @@ type Observed struct {
 	// it does not stand in the way of a node that works. Zero removes none for it.
 	RepairAfter time.Duration
 
+	// FreshNodePerJob: a node a CI job Pod (JobPod) was bound to takes no other Pod after
+	// it (Decision.Seal) and is removed once no workload Pod is on it, without the hold:
+	// one job per VM, never reused.
+	FreshNodePerJob bool
+
 	// HostFull says the driver's last boot for this cluster waited for host capacity.
 	// Idle nodes past the hold then go before more are booted: the cluster's own idle
 	// nodes must not keep the host's memory from its waiting Pods.
@@ -238,6 +250,10 @@ type Decision struct {
 	// separate so a driver cannot delete what it did not cordon first.
 	Cordon []string
 	Remove []string
+	// Seal lists nodes a CI job Pod is bound to, with FreshNodePerJob, that are not
+	// marked yet: the driver cordons them and puts AnnotationRanJob on them, whatever the
+	// Action.
+	Seal []string
 	// Reason is for humans: events, status, logs.
 	Reason string
 
@@ -264,6 +280,14 @@ type Decision struct {
 	// IdleSince is the driver's state for the next pass. Adopt it only if this
 	// Decision's action was carried out; otherwise keep the previous one.
 	IdleSince map[string]time.Time
+}
+
+// JobPod says whether p is a CI job's Pod: GitLab Runner's (its job.runner.gitlab.com/pod
+// label) or one carrying LabelCIJob.
+func JobPod(p *corev1.Pod) bool {
+	_, runner := p.Labels[labelRunnerJobPod]
+	_, ours := p.Labels[LabelCIJob]
+	return runner || ours
 }
 
 // Ref names what a demand came from: a Pod, or the Job, Deployment or StatefulSet whose

@@ -118,6 +118,9 @@ type simNode struct {
 	// RepairAfter (0 otherwise): such a node is broken, not capacity to keep warm.
 	notReadyFor time.Duration
 	placed      int // demands the simulation put here
+	// ranJob: the node carries AnnotationRanJob (a job ran on it, with FreshNodePerJob);
+	// jobBound: a job Pod is bound to it now, in any phase.
+	ranJob, jobBound bool
 
 	// A node the simulation opens (fresh) is sized by what it holds, up to bound: the
 	// largest size, or the one instance type a Pod on it selects (pinned).
@@ -230,6 +233,7 @@ func newSim(o *Observed) *sim {
 		if doNotDisrupt(n.Annotations) {
 			sn.blocked = "node is annotated " + AnnotationDoNotDisrupt
 		}
+		_, sn.ranJob = n.Annotations[AnnotationRanJob]
 		if since, ok := notReadySince(n); ok && o.RepairAfter > 0 && o.Now.Sub(since) >= o.RepairAfter {
 			sn.notReadyFor = o.Now.Sub(since)
 		}
@@ -259,6 +263,9 @@ func newSim(o *Observed) *sim {
 	// What is already bound uses capacity (DaemonSet and mirror Pods included) and
 	// constrains anti-affinity.
 	for _, p := range o.Pods {
+		if n := s.byName[p.Spec.NodeName]; n != nil && JobPod(p) {
+			n.jobBound = true
+		}
 		if p.Spec.NodeName == "" || isTerminal(p) {
 			continue
 		}
@@ -275,6 +282,14 @@ func newSim(o *Observed) *sim {
 		}
 		if n.blocked == "" && doNotDisrupt(p.Annotations) {
 			n.blocked = "pod " + p.Namespace + "/" + p.Name + " is annotated " + AnnotationDoNotDisrupt
+		}
+	}
+	if o.FreshNodePerJob {
+		// A node a job ran on takes nothing more: it is sealed, or about to be.
+		for _, n := range s.nodes[:s.known] {
+			if n.ranJob || n.jobBound {
+				n.placeable = false
+			}
 		}
 	}
 	return s
