@@ -91,6 +91,12 @@ func (c Credential) RunnerTemplate(caFile string, s Settings) ([]byte, error) {
 		"which a verbose test run exceeds); the job goes on, its log does not. %d KiB = %s (--log-limit).",
 		RunnerLogLimitKiB, s.LogLimitKiB, s.LogLimit)
 	w.int(1, "output_limit", s.LogLimitKiB)
+	w.comment(1, "The runner prints its job Pod's events in the job log while it waits (GitLab Runner 16.5 and\n"+
+		"later): socialweb tells a waiting Pod which node is booting for it, its size and about how\n"+
+		"long, and why a node failed or an image cannot be pulled. Without this the log says only\n"+
+		"\"no nodes available to schedule pods\" until the node is up.")
+	w.line(1, "[runners.feature_flags]")
+	w.line(2, "FF_PRINT_POD_EVENTS = true")
 	w.line(1, "[runners.kubernetes]")
 	switch {
 	case c.ServerName != "" && !c.Door:
@@ -167,13 +173,13 @@ func (c Credential) RunnerTemplate(caFile string, s Settings) ([]byte, error) {
 			"and they are the first to go when a node runs out of memory.")
 	}
 	if s.HelperImage != "" {
-		w.comment(2, "The helper (clone, artifacts, cache) runs this image; nodes pull it from the host\n"+
-			"registry, so push it there first (--helper-image).")
+		w.comment(2, "The helper (clone, artifacts, cache) runs this image, pulled through the host's\n"+
+			"registry cache like a job's image (--helper-image).")
 		w.str(2, "helper_image", s.HelperImage)
 	} else {
 		w.comment(2, "helper_image is not set: the runner uses registry.gitlab.com/gitlab-org/gitlab-runner/\n"+
-			"gitlab-runner-helper:x86_64-v<its version>. Nodes pull only from the host registry: push\n"+
-			"that image there (`socialweb image push --ref`) or name your copy with --helper-image.")
+			"gitlab-runner-helper:x86_64-v<its version>, pulled through the host's registry cache (the\n"+
+			"operator's --registry-allow must not exclude registry.gitlab.com); --helper-image names another.")
 	}
 	if s.OneJobPerNode {
 		const term = "[runners.kubernetes.affinity.pod_anti_affinity.required_during_scheduling_ignored_during_execution"
