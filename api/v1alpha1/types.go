@@ -120,6 +120,10 @@ type ClusterSpec struct {
 	// ControlPlaneCPUWeight is its CPU share against other tenants (cpu.weight, 1 to
 	// 10000, 100 being an ordinary process); 0 takes the default.
 	ControlPlaneCPUWeight int32 `json:"controlPlaneCPUWeight,omitempty"`
+	// FreshNodePerJob: a node a CI job Pod ran on (GitLab Runner's, or one labelled
+	// socialweb.computer/ci-job) takes no other Pod after it and is removed as soon as the
+	// job's Pod ends, without the hold: one job per VM, never reused.
+	FreshNodePerJob bool `json:"freshNodePerJob,omitempty"`
 	// Datastore names the kind of datastore ("sqlite" or "postgres"); the
 	// daemon's configuration says where it is.
 	Datastore string `json:"datastore,omitempty"`

@@ -30,6 +30,7 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 		cpMemory    string
 		cpPIDs      int32
 		cpWeight    int32
+		fresh       bool
 	)
 	cmd := &cobra.Command{
 		Use:   "create NAME",
@@ -68,6 +69,7 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 				}
 				c.Spec.SleepAfter = &metav1.Duration{Duration: sleepAfter}
 			}
+			c.Spec.FreshNodePerJob = fresh
 			if err := controlPlaneLimits(&c.Spec, cpMemory, cpPIDs, cpWeight); err != nil {
 				return usageError{err}
 			}
@@ -123,6 +125,7 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&cpMemory, "control-plane-memory", "", "memory cap of the control-plane process, e.g. 2Gi: past it the kernel kills that process alone and it is restarted (default: the daemon's --default-control-plane-memory)")
 	f.Int32Var(&cpPIDs, "control-plane-pids", 0, "cap on the control plane's threads and processes (default: the daemon's --default-control-plane-pids)")
 	f.Int32Var(&cpWeight, "control-plane-cpu-weight", 0, "CPU share of the control plane against other tenants, 1-10000, 100 being an ordinary process (default: the daemon's --default-control-plane-cpu-weight)")
+	f.BoolVar(&fresh, "fresh-node-per-job", false, "a node a CI job Pod ran on (GitLab Runner's) takes no other Pod and is removed as soon as the job ends, without the hold: one job per VM, never reused")
 	documentEnv(f)
 	return cmd
 }

@@ -33,6 +33,8 @@ type Cluster struct {
 	MaxNodeSize scale.NodeSize
 	MaxNodes    int
 	Hold        time.Duration
+	// FreshNodePerJob: a node a CI job ran on is sealed and removed when the job ends.
+	FreshNodePerJob bool
 	// RegistryAddr is where the host registry serves this cluster's nodes
 	// (its gateway address); empty serves none.
 	RegistryAddr string
@@ -99,9 +101,10 @@ func clusterOf(c *v1.Cluster, l lease.Lease, tenant kubernetes.Interface, ca, cl
 		MaxNodeSize: scale.NodeSize{
 			CPUs: int64(s.MaxNodeCPUs), MemoryMiB: s.MaxNodeMemory.Value() >> 20, DiskMiB: s.MaxNodeDisk.Value() >> 20,
 		},
-		MaxNodes:     int(s.MaxNodes),
-		Hold:         s.Hold.Duration,
-		RegistryAddr: fmt.Sprintf("%s:%d", gw, RegistryPort),
-		DNSAddr:      net.JoinHostPort(gw, "53"),
+		MaxNodes:        int(s.MaxNodes),
+		Hold:            s.Hold.Duration,
+		FreshNodePerJob: s.FreshNodePerJob,
+		RegistryAddr:    fmt.Sprintf("%s:%d", gw, RegistryPort),
+		DNSAddr:         net.JoinHostPort(gw, "53"),
 	}, nil
 }

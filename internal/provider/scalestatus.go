@@ -81,6 +81,11 @@ func (s ScaleStatus) RecordWarmStart(ctx context.Context, cluster string, ok boo
 	return s.setCondition(ctx, cluster, v1.ConditionWarmStart, ok, reason, message)
 }
 
+// RecordPodStarts sets status.podStarts.
+func (s ScaleStatus) RecordPodStarts(ctx context.Context, cluster string, starts []v1.PodStartPercentiles) error {
+	return s.update(ctx, cluster, func(c *v1.Cluster) { c.Status.PodStarts = starts })
+}
+
 // RecordPodsProvisionable sets the PodsProvisionable condition.
 func (s ScaleStatus) RecordPodsProvisionable(ctx context.Context, cluster string, ok bool, reason, message string) error {
 	return s.setCondition(ctx, cluster, v1.ConditionPodsProvisionable, ok, reason, message)

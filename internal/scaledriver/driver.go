@@ -25,6 +25,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
 	"github.com/socialweb-computer/socialweb/internal/scale"
 )
@@ -44,6 +45,9 @@ type Config struct {
 	Reserve scale.Reserve
 	// MaxNodes caps registered + booting nodes.
 	MaxNodes int
+	// FreshNodePerJob: a node a CI job Pod was bound to is sealed (cordoned) and removed
+	// once the job is over, without the hold (scale.Observed.FreshNodePerJob).
+	FreshNodePerJob bool
 	// Hold is how long a node must have had no workload Pod before removal (default 1m).
 	Hold time.Duration
 	// Resync is the period of passes without events, so holds expire (default 5s).
@@ -131,6 +135,9 @@ type StatusRecorder interface {
 	// handed a pre-booted VM, not ok (WarmStartFailed, with why) when it booted cold
 	// instead; called after each Create that tried (nodes.Instance.Warm).
 	RecordWarmStart(ctx context.Context, cluster string, ok bool, reason, message string) error
+	// RecordPodStarts reports the percentiles of the cluster's Pod starts over the last
+	// hour, per path; called when they changed.
+	RecordPodStarts(ctx context.Context, cluster string, starts []v1.PodStartPercentiles) error
 }
 
 // Deps are the driver's collaborators. Tenant and Provider are required.
@@ -177,6 +184,12 @@ type Driver struct {
 	synced       []cache.InformerSynced
 	kick         chan struct{}
 	starts       *starts
+	podStarts    *podStarts
+
+	// bootedFor are the Pods (or workloads) each machine this driver created was booted
+	// for, until it joins or fails, so a failure is told to them.
+	forMu     sync.Mutex
+	bootedFor map[string][]scale.Ref
 
 	lifeMu  sync.Mutex
 	started bool
@@ -197,6 +210,10 @@ type Driver struct {
 	// Guarded by passMu.
 	told          map[podProblemKey]bool
 	provisionable string
+	// podStartsReport is the PodStarts summary last recorded, at podStartsAt. Guarded by
+	// passMu.
+	podStartsReport []v1.PodStartPercentiles
+	podStartsAt     time.Time
 }
 
 // New builds a driver; it registers metrics but does no I/O.
@@ -215,7 +232,7 @@ func New(cfg Config, deps Deps) (*Driver, error) {
 	d := &Driver{
 		cfg: cfg, tenant: deps.Tenant, provider: deps.Provider, status: deps.Status, metrics: m,
 		now: deps.Clock, log: deps.Logger, kick: make(chan struct{}, 1), idleSince: map[string]time.Time{},
-		told: map[podProblemKey]bool{},
+		told: map[podProblemKey]bool{}, bootedFor: map[string][]scale.Ref{},
 	}
 	if d.now == nil {
 		d.now = time.Now
@@ -262,6 +279,12 @@ func New(cfg Config, deps Deps) (*Driver, error) {
 	}
 	d.pods = d.factory.Core().V1().Pods().Lister()
 	d.nodeLister = d.factory.Core().V1().Nodes().Lister()
+	d.podStarts = newPodStarts(d.now, d.nodeLister.Get, func(path string, took time.Duration) {
+		d.metrics.podStarted(cfg.Cluster, path, took)
+	})
+	if _, err := d.factory.Core().V1().Pods().Informer().AddEventHandler(d.podStarts.handler()); err != nil {
+		return nil, fmt.Errorf("scaledriver: cluster %s: %w", cfg.Cluster, err)
+	}
 	d.jobs = d.factory.Batch().V1().Jobs().Lister()
 	d.deployments = d.factory.Apps().V1().Deployments().Lister()
 	d.statefulSets = d.factory.Apps().V1().StatefulSets().Lister()

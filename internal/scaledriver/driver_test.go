@@ -24,6 +24,7 @@ import (
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 	"github.com/socialweb-computer/socialweb/internal/nodehealth"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
@@ -57,6 +58,7 @@ type recStatus struct {
 	accels  []string
 	pods    []bootCall
 	warm    []bootCall
+	starts  [][]v1.PodStartPercentiles
 }
 
 type bootCall struct {
@@ -362,8 +364,9 @@ func TestPendingPodLeadsToCreate(t *testing.T) {
 	if got := r.nodeNames(); !slices.Equal(got, []string{req.Name}) {
 		t.Errorf("nodes %v, want [%s]", got, req.Name)
 	}
-	if ev := r.events(); len(ev) != 1 || ev[0] != "Normal Provision: intent and no node" {
-		t.Errorf("events %q", ev)
+	if ev := r.events(); len(ev) != 2 || ev[1] != "Normal Provision: intent and no node" ||
+		!strings.HasPrefix(ev[0], "Normal NodeBooting: booting node "+req.Name+" (2 vCPU / 2048 MiB) for this Pod") {
+		t.Errorf("events %q, want the Pod's NodeBooting and the Provision", ev)
 	}
 	if st := r.status.get(); len(st) != 1 || st[0] != (statusCall{scale.Provision, 1, "intent and no node"}) {
 		t.Errorf("status %+v", st)

@@ -40,6 +40,7 @@ func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
 		d.joined(ctx, j)
 	}
 	d.recordStarts(ctx)
+	d.reportPodStarts(ctx)
 	d.reportNetwork(ctx, o.Nodes)
 	d.reportAccelerator(ctx)
 	dec, err := scale.Decide(o)
@@ -47,6 +48,7 @@ func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
 		return scale.Decision{}, fmt.Errorf("scaledriver: cluster %s: %w", d.cfg.Cluster, err)
 	}
 	d.metrics.decided(d.cfg.Cluster, dec)
+	d.seal(ctx, dec.Seal)
 
 	waits, err := d.perform(ctx, dec, d.now())
 	// Waiting is known from passes that tried to boot, and over once nothing is unplaced;
@@ -111,17 +113,18 @@ func (d *Driver) observe(ctx context.Context) (scale.Observed, []failedMachine, 
 		}
 	}
 	o := scale.Observed{
-		Synced:        true,
-		NodeSize:      d.cfg.NodeSize,
-		MaxNodeSize:   d.cfg.MaxNodeSize,
-		Reserve:       d.cfg.Reserve,
-		HostFull:      len(d.waiting) > 0,
-		MaxNodes:      d.cfg.MaxNodes,
-		Hold:          d.cfg.Hold,
-		NotReadyGrace: d.cfg.NotReadyGrace,
-		RepairAfter:   d.cfg.BootTimeout,
-		IdleSince:     d.idleSince,
-		Now:           d.now(),
+		Synced:          true,
+		NodeSize:        d.cfg.NodeSize,
+		MaxNodeSize:     d.cfg.MaxNodeSize,
+		Reserve:         d.cfg.Reserve,
+		HostFull:        len(d.waiting) > 0,
+		MaxNodes:        d.cfg.MaxNodes,
+		Hold:            d.cfg.Hold,
+		FreshNodePerJob: d.cfg.FreshNodePerJob,
+		NotReadyGrace:   d.cfg.NotReadyGrace,
+		RepairAfter:     d.cfg.BootTimeout,
+		IdleSince:       d.idleSince,
+		Now:             d.now(),
 	}
 	var err error
 	everything := labels.Everything()
@@ -228,6 +231,7 @@ func (d *Driver) fail(ctx context.Context, f failedMachine) {
 	}
 	d.log.Warn("node failed; deleting its machine", "node", f.name, "reason", f.reason, "detail", msg)
 	d.event(ctx, scale.Decision{}, corev1.EventTypeWarning, "Node"+f.reason, msg)
+	d.tellFailed(ctx, f)
 	if d.status != nil {
 		if err := d.status.RecordNodeBoot(ctx, d.cfg.Cluster, false, f.reason, msg); err != nil {
 			d.log.Error("record node failure in the cluster status", "node", f.name, "err", err)
@@ -238,6 +242,7 @@ func (d *Driver) fail(ctx context.Context, f failedMachine) {
 		return
 	}
 	d.starts.forget(f.name)
+	d.forgetBootedFor(f.name)
 	d.metrics.nodeFailed(d.cfg.Cluster, f.reason)
 }
 
@@ -302,6 +307,7 @@ func (d *Driver) reportAccelerator(ctx context.Context) {
 // joined records that a node registered.
 func (d *Driver) joined(ctx context.Context, j joinedMachine) {
 	d.log.Info("node joined", "node", j.name, "afterCreate", j.took)
+	d.forgetBootedFor(j.name)
 	if d.status != nil {
 		msg := fmt.Sprintf("node %s registered %s after its machine was created", j.name, fmtAge(j.took))
 		if err := d.status.RecordNodeBoot(ctx, d.cfg.Cluster, true, "NodeJoined", msg); err != nil {
@@ -355,7 +361,7 @@ func (d *Driver) perform(ctx context.Context, dec scale.Decision, decided time.T
 			if i < len(dec.New) {
 				n = dec.New[i]
 			}
-			err := d.create(ctx, n.Size, decided)
+			err := d.create(ctx, n, decided)
 			var ce *nodes.CapacityError
 			if errors.As(err, &ce) {
 				d.log.Debug("node waits for host capacity", "size", n.Size.String(), "reason", ce.Reason)
@@ -400,7 +406,8 @@ func (d *Driver) parallel(n int, f func(i int) error) error {
 	return errors.Join(errs...)
 }
 
-func (d *Driver) create(ctx context.Context, size scale.NodeSize, decided time.Time) error {
+func (d *Driver) create(ctx context.Context, node scale.NewNode, decided time.Time) error {
+	size := node.Size
 	// A fresh name per attempt: a failed boot's name is never reused.
 	name, err := nodes.NewNodeName(d.cfg.Cluster)
 	if err != nil {
@@ -417,7 +424,22 @@ func (d *Driver) create(ctx context.Context, size scale.NodeSize, decided time.T
 	d.reportWarmStart(ctx, name, inst.Warm)
 	n, _ := d.nodeLister.Get(name) // a provider may register the Node within Create
 	d.starts.booted(name, decided, d.now(), n)
+	d.tellBooting(ctx, name, node, inst.Warm.Claimed)
 	return nil
+}
+
+// seal cordons each node a job ran on and marks it, so that it takes no other Pod and the
+// next decisions remove it once the job is over. A failure is logged; the next pass,
+// seeing the node unmarked, tries again.
+func (d *Driver) seal(ctx context.Context, names []string) {
+	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:"true"}},"spec":{"unschedulable":true}}`, scale.AnnotationRanJob)
+	for _, name := range names {
+		if _, err := d.tenant.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			d.log.Error("seal the node a job ran on", "node", name, "err", err)
+			continue
+		}
+		d.log.Info("node sealed: a job ran on it, it takes no other Pod (fresh node per job)", "node", name)
+	}
 }
 
 // errNodeBusy: a Pod was bound to the node between the decision and the cordon.
@@ -472,6 +494,7 @@ func (d *Driver) remove(ctx context.Context, name string) error {
 		return fmt.Errorf("delete machine %s: %w", name, err)
 	}
 	d.starts.forget(name)
+	d.forgetBootedFor(name)
 	if !nodeGone {
 		err := d.tenant.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {

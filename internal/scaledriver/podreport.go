@@ -6,9 +6,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/nodes"
 	"github.com/socialweb-computer/socialweb/internal/scale"
 )
 
@@ -18,6 +21,8 @@ const (
 	reasonWaitingForHost   = "WaitingForHostCapacity"
 	reasonExceedsNodeSize  = "PodsExceedNodeSize"
 	reasonProvisionable    = "PodsProvisionable"
+	reasonNodeBooting      = "NodeBooting"
+	reasonNodeBootFailed   = "NodeBootFailed"
 )
 
 // podProblemKey is one thing told to one Pod (or workload, before its Pods exist).
@@ -55,7 +60,7 @@ func (d *Driver) reportPods(ctx context.Context, dec scale.Decision) {
 	for _, p := range problems {
 		if !d.told[p.podProblemKey] {
 			d.log.Warn("pod gets no node", "pod", p.ref.String(), "reason", p.reason, "detail", p.note)
-			d.podEvent(ctx, p.ref, p.reason, p.note)
+			d.podEvent(ctx, p.ref, corev1.EventTypeWarning, p.reason, p.note)
 		}
 	}
 	d.told = seen
@@ -102,10 +107,88 @@ func apiVersion(kind string) string {
 	return "v1"
 }
 
-// podEvent writes a Warning Event about ref, in its namespace, where `kubectl describe`
-// of it shows it.
-func (d *Driver) podEvent(ctx context.Context, ref scale.Ref, reason, note string) {
+// podEvent writes an Event about ref, in its namespace, where `kubectl describe` of it
+// shows it and a job runner that reads its Pod's events (a Role on that namespace alone)
+// prints it.
+func (d *Driver) podEvent(ctx context.Context, ref scale.Ref, typ, reason, note string) {
 	d.writeEvent(ctx, ref.Namespace, corev1.ObjectReference{
 		APIVersion: apiVersion(ref.Kind), Kind: ref.Kind, Namespace: ref.Namespace, Name: ref.Name, UID: ref.UID,
-	}, corev1.EventTypeWarning, reason, note)
+	}, typ, reason, note)
+}
+
+// tellBooting tells each Pod (or workload) a new node was created for that it is coming,
+// its size, and about how long its Pods take to start that way; and keeps whom it was
+// for, so a failure is told to them too.
+func (d *Driver) tellBooting(ctx context.Context, name string, node scale.NewNode, warm bool) {
+	refs := slices.Compact(slices.SortedFunc(slices.Values(node.For), compareRefs))
+	if len(refs) == 0 {
+		return
+	}
+	d.forMu.Lock()
+	d.bootedFor[name] = refs
+	d.forMu.Unlock()
+	path, how := v1.PodStartCold, "booting node %s (%s) for this Pod"
+	if warm {
+		path, how = v1.PodStartWarm, "starting node %s (%s) for this Pod from a pre-booted warm-pool VM"
+	}
+	accel := ""
+	if r, ok := d.provider.(nodes.AcceleratorReporter); ok {
+		accel, _ = r.Accelerator()
+	}
+	took, measured := d.podStarts.estimate(d.now(), path, accel)
+	note := fmt.Sprintf(how+"; it starts in %s", name, node.Size, aboutWords(took, measured))
+	for _, ref := range refs {
+		d.podEvent(ctx, ref, corev1.EventTypeNormal, reasonNodeBooting, note)
+	}
+}
+
+// tellFailed tells the Pods a failed machine was booted for that it failed and why (the
+// first line), and that the next pass boots another.
+func (d *Driver) tellFailed(ctx context.Context, f failedMachine) {
+	d.forMu.Lock()
+	refs := d.bootedFor[f.name]
+	d.forMu.Unlock()
+	why, _, _ := strings.Cut(f.message, "\n")
+	for _, ref := range refs {
+		d.podEvent(ctx, ref, corev1.EventTypeWarning, reasonNodeBootFailed,
+			fmt.Sprintf("node %s failed to start (%s): %s; another is booted for this Pod", f.name, f.reason, why))
+	}
+}
+
+func (d *Driver) forgetBootedFor(name string) {
+	d.forMu.Lock()
+	delete(d.bootedFor, name)
+	d.forMu.Unlock()
+}
+
+func compareRefs(a, b scale.Ref) int {
+	return strings.Compare(a.Namespace+"/"+a.Kind+"/"+a.Name+"/"+string(a.UID), b.Namespace+"/"+b.Kind+"/"+b.Name+"/"+string(b.UID))
+}
+
+// reportPodStarts records the last hour's Pod start percentiles on the Cluster: when a
+// count changed, or when they changed otherwise (starts ageing out) and a minute passed.
+func (d *Driver) reportPodStarts(ctx context.Context) {
+	if d.status == nil {
+		return
+	}
+	now := d.now()
+	sum := d.podStarts.summary(now)
+	if slices.Equal(sum, d.podStartsReport) {
+		return
+	}
+	counts := func(ps []v1.PodStartPercentiles) []int32 {
+		var out []int32
+		for _, p := range ps {
+			out = append(out, p.Count)
+		}
+		return out
+	}
+	if slices.Equal(counts(sum), counts(d.podStartsReport)) && now.Sub(d.podStartsAt) < time.Minute {
+		return
+	}
+	if err := d.status.RecordPodStarts(ctx, d.cfg.Cluster, sum); err != nil {
+		d.log.Error("record pod start percentiles in the cluster status", "err", err)
+		return
+	}
+	d.podStartsReport, d.podStartsAt = sum, now
 }

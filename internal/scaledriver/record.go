@@ -66,6 +66,7 @@ type metrics struct {
 	waits     *prometheus.CounterVec
 	starts    *prometheus.HistogramVec
 	kinds     *prometheus.CounterVec
+	podStarts *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -115,6 +116,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "socialweb_node_starts_total",
 			Help: "Node starts recorded in socialweb_node_start_phase_seconds, by kind: warm (a warm-pool VM booted ahead and claimed for the node) or cold (booted for it).",
 		}, []string{"cluster", "start"}),
+		podStarts: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "socialweb_pod_start_seconds",
+			Help: "Pods that waited for a node, from their creation to all of their containers started, by path: " +
+				"idle (a node that was up before the Pod), warm (a node started from a warm-pool VM for it) or cold (a node booted for it).",
+			Buckets: prometheus.ExponentialBucketsRange(0.5, 600, 16), // 0.5s .. 10min
+		}, []string{"cluster", "path"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -145,6 +152,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.kinds, err = register(reg, m.kinds); err != nil {
+		return nil, err
+	}
+	if m.podStarts, err = register(reg, m.podStarts); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -203,6 +213,10 @@ func (m *metrics) startedNode(cluster string, warm bool) {
 	m.kinds.WithLabelValues(cluster, kind).Inc()
 }
 
+func (m *metrics) podStarted(cluster, path string, took time.Duration) {
+	m.podStarts.WithLabelValues(cluster, path).Observe(took.Seconds())
+}
+
 func (m *metrics) capacityWait(cluster string) {
 	m.waits.WithLabelValues(cluster).Inc()
 }
@@ -219,4 +233,5 @@ func (m *metrics) forget(cluster string) {
 	m.waits.DeletePartialMatch(l)
 	m.starts.DeletePartialMatch(l)
 	m.kinds.DeletePartialMatch(l)
+	m.podStarts.DeletePartialMatch(l)
 }

@@ -38,6 +38,8 @@ func requests(cpu, mem, storage string) func(*corev1.Pod) {
 }
 
 // podEvents lists the Events about Pods as "Type Reason pod/name: note".
+// podEvents are the Warning Events about Pods in default (the problems; the Normal
+// NodeBooting ones are TestPodsHearWhyTheyWait's).
 func (r *rig) podEvents() []string {
 	r.t.Helper()
 	el, err := r.client.EventsV1().Events("default").List(context.Background(), metav1.ListOptions{})
@@ -46,7 +48,7 @@ func (r *rig) podEvents() []string {
 	}
 	var out []string
 	for _, e := range el.Items {
-		if e.Regarding.Kind == "Pod" {
+		if e.Regarding.Kind == "Pod" && e.Type == corev1.EventTypeWarning {
 			out = append(out, e.Type+" "+e.Reason+" "+e.Regarding.Namespace+"/"+e.Regarding.Name+": "+e.Note)
 		}
 	}

@@ -111,6 +111,13 @@ func TestCIJob(t *testing.T) {
 		t.Fatalf("creating the job Pod: %v", err)
 	}
 	job.name = pod.Name
+	// The runner prints its Pod's events while it waits (FF_PRINT_POD_EVENTS): with its own
+	// credential, whose Role reads events in its namespace alone, the Pod hears within 2 s
+	// that a node is booting for it.
+	booting := bootingEvent(t, ctx, runner, job.ns, job.name, 30*time.Second)
+	if took := booting.Sub(tJob); took > 2*time.Second {
+		t.Errorf("the job Pod's NodeBooting event came %s after it was created, want within 2s", took.Round(10*time.Millisecond))
+	}
 	// The executor waits for the Pod to run (poll_timeout); so does this.
 	livetest.Eventually(t, 25*time.Minute, 2*time.Second, "the job Pod to run", func() bool {
 		p, err := runner.CoreV1().Pods(job.ns).Get(ctx, job.name, metav1.GetOptions{})
@@ -520,4 +527,32 @@ func junitTotals(report []byte) (tests, failures, errs int, err error) {
 		tests, failures, errs = tests+s.Tests, failures+s.Failures, errs+s.Errors
 	}
 	return tests, failures, errs, nil
+}
+
+// bootingEvent waits up to within for the socialweb driver's NodeBooting Event on Pod
+// ns/name, read as the runner reads its Pod's events (core/v1, its own namespace), and
+// returns when it was first seen.
+func bootingEvent(t *testing.T, ctx context.Context, k kubernetes.Interface, ns, name string, within time.Duration) time.Time {
+	t.Helper()
+	var seen time.Time
+	var last string
+	livetest.Eventually(t, within, 100*time.Millisecond, "a NodeBooting event on the job Pod", func() bool {
+		el, err := k.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+		if err != nil {
+			t.Fatalf("listing the job Pod's events with the runner's credential: %v", err)
+		}
+		for _, e := range el.Items {
+			last = e.Reason + ": " + e.Message
+			if e.Reason == "NodeBooting" && strings.Contains(e.Message, "for this Pod") && strings.Contains(e.Message, "about ") {
+				seen = time.Now()
+				t.Logf("the job Pod's event: %s %s: %s", e.Type, e.Reason, e.Message)
+				return true
+			}
+		}
+		return false
+	})
+	if seen.IsZero() {
+		t.Fatalf("no NodeBooting event (last: %q)", last)
+	}
+	return seen
 }

@@ -80,7 +80,7 @@ func TestRunnerCredential(t *testing.T) {
 	url := d.cluster("ci").Status.URL
 	for _, want := range []string{`executor = "kubernetes"`, `host = "` + url + `"`, `ca_file = "` + filepath.Join(dir, "ca.crt") + `"`, `namespace = "gitlab-runner"`, "bearer_token = ",
 		"output_limit = 51200", "poll_timeout = 600", `pull_policy = "if-not-present"`, `cpu_request = "`, `helper_memory_request = "`,
-		`topology_key = "kubernetes.io/hostname"`} {
+		`topology_key = "kubernetes.io/hostname"`, "[runners.feature_flags]", "FF_PRINT_POD_EVENTS = true"} {
 		if !strings.Contains(string(template), want) {
 			t.Errorf("config.template.toml lacks %q:\n%s", want, template)
 		}
