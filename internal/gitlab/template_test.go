@@ -439,7 +439,7 @@ func TestTemplateValues(t *testing.T) {
 		{"defaults on 1 vCPU, 1Gi: one job Pod fills a node", func(*JobOptions) {}, node(1, "1Gi"), want{
 			"runners.executor": "kubernetes", "runners.output_limit": int64(51200),
 			"runners.feature_flags": map[string]any{"FF_PRINT_POD_EVENTS": true},
-			"poll_timeout": int64(600), "poll_interval": int64(5), "pull_policy": "if-not-present",
+			"poll_timeout":          int64(600), "poll_interval": int64(5), "pull_policy": "if-not-present",
 			"cpu_request": "800m", "memory_request": "576Mi",
 			"helper_cpu_request": "100m", "helper_memory_request": "128Mi",
 			"service_cpu_request": "100m", "service_memory_request": "128Mi",
