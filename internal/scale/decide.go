@@ -58,13 +58,23 @@ func Decide(o Observed) (Decision, error) {
 			}
 		}
 	}
+	// Spare: placeable nodes with nothing on them and nothing placed; with IdleNodes,
+	// boot the shortfall (the smallest size), and keep that many from the hold.
+	spare := 0
+	for _, n := range s.nodes[:s.known] {
+		if n.placeable && !n.busy && n.placed == 0 {
+			spare++
+		}
+	}
+	extra := max(o.IdleNodes-spare, 0)
 	d := Decision{
 		Seal:             seal,
+		Spare:            spare,
 		Current:          s.known,
 		Target:           s.known,
 		Intent:           intent,
 		Unplaced:         res.unplaced,
-		Need:             s.known + s.newCount,
+		Need:             s.known + s.newCount + extra,
 		NotProvisionable: res.notProvisionable,
 		Unfit:            res.unfit,
 		PendingSince:     res.pendingSince.Time,
@@ -74,6 +84,7 @@ func Decide(o Observed) (Decision, error) {
 	// Idle clocks: a registered node with no workload Pod and nothing the simulation
 	// put there. A node keeps its clock across passes; any workload resets it.
 	var idle, removable []*simNode
+	var kept []string
 	for _, n := range s.nodes[:s.known] {
 		if !n.existing || n.busy || n.placed > 0 {
 			continue
@@ -83,6 +94,12 @@ func Decide(o Observed) (Decision, error) {
 			since = o.Now
 		}
 		d.IdleSince[n.name] = since
+		// Kept for IdleNodes: its clock runs, so that it goes once it is no longer
+		// wanted (outside the window) and has idled for the hold.
+		if len(kept) < o.IdleNodes && n.placeable && n.notReadyFor == 0 {
+			kept = append(kept, n.name)
+			continue
+		}
 		idle = append(idle, n)
 		// A node not Ready for RepairAfter goes without waiting out the hold: it is not
 		// capacity worth keeping, and at the cap it stands in the way of one that works.
@@ -100,7 +117,7 @@ func Decide(o Observed) (Decision, error) {
 	}
 
 	var notes []string
-	if s.newCount > 0 || res.overflow > 0 {
+	if s.newCount > 0 || res.overflow > 0 || extra > 0 {
 		need := fmt.Sprintf("need %d nodes", d.Need)
 		if res.overflow > 0 {
 			need = fmt.Sprintf("need more than %d nodes", d.Need)
@@ -116,7 +133,12 @@ func Decide(o Observed) (Decision, error) {
 		case target > d.Current:
 			d.Action, d.Target = Provision, target
 			d.New = s.newNodes(target - d.Current)
+			for len(d.New) < target-d.Current {
+				d.New = append(d.New, NewNode{Size: s.min, Why: fmt.Sprintf("an idle node kept for the next Pod (idleNodes %d): a %s node (the smallest)", o.IdleNodes, s.min)})
+			}
 			switch {
+			case s.newCount == 0 && res.overflow == 0:
+				d.Reason = fmt.Sprintf("keeping %s idle for the next Pods (idleNodes %d, %d spare)", plural(o.IdleNodes, "node"), o.IdleNodes, spare)
 			case d.Current == 0:
 				d.Reason = "intent and no node"
 			default:
@@ -138,6 +160,9 @@ func Decide(o Observed) (Decision, error) {
 		}
 	}
 	notes = append(notes, notProvisionable(res.notProvisionable)...)
+	if len(kept) > 0 {
+		notes = append(notes, fmt.Sprintf("%s kept idle (idleNodes %d): %s", plural(len(kept), "node"), o.IdleNodes, strings.Join(kept, ", ")))
+	}
 	for _, n := range idle {
 		switch {
 		case n.blocked != "" && n.notReadyFor > 0:

@@ -170,6 +170,10 @@ type Observed struct {
 	// it does not stand in the way of a node that works. Zero removes none for it.
 	RepairAfter time.Duration
 
+	// IdleNodes is how many nodes of NodeSize to keep up with nothing on them, so that a
+	// Pod starts without a boot (0 for none; the driver puts 0 outside the cluster's
+	// window). They count against MaxNodes; a node a Pod takes is replaced.
+	IdleNodes int
 	// FreshNodePerJob: a node a CI job Pod (JobPod) was bound to takes no other Pod after
 	// it (Decision.Seal) and is removed once no workload Pod is on it, without the hold:
 	// one job per VM, never reused.
@@ -199,8 +203,8 @@ func (o *Observed) validate() error {
 	if o.Reserve.MemoryMiB < 0 || o.Reserve.MemoryShare < 0 || o.Reserve.DiskMiB < 0 || o.Reserve.DiskShare < 0 {
 		return fmt.Errorf("scale: reserve %+v must not be negative", o.Reserve)
 	}
-	if o.MaxNodes < 0 {
-		return fmt.Errorf("scale: max nodes must not be negative, got %d", o.MaxNodes)
+	if o.MaxNodes < 0 || o.IdleNodes < 0 {
+		return fmt.Errorf("scale: max nodes (%d) and idle nodes (%d) must not be negative", o.MaxNodes, o.IdleNodes)
 	}
 	if o.Hold < 0 || o.NotReadyGrace < 0 || o.RepairAfter < 0 {
 		return fmt.Errorf("scale: hold (%s), not-ready grace (%s) and repair-after (%s) must not be negative", o.Hold, o.NotReadyGrace, o.RepairAfter)
@@ -254,6 +258,9 @@ type Decision struct {
 	// marked yet: the driver cordons them and puts AnnotationRanJob on them, whatever the
 	// Action.
 	Seal []string
+	// Spare is how many nodes (registered or booting) have nothing on them and could take
+	// a Pod, after this decision's placements: the idle nodes kept for IdleNodes.
+	Spare int
 	// Reason is for humans: events, status, logs.
 	Reason string
 
