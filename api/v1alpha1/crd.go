@@ -53,6 +53,8 @@ func CRD() *apiextensionsv1.CustomResourceDefinition {
 			"controlPlaneMemory":    quantity("memory cap of the control-plane process, e.g. 2Gi; 0 is the daemon's default"),
 			"controlPlanePIDs":      intRange("cap on the control plane's threads and processes; 0 is the daemon's default", 0, 4194304),
 			"controlPlaneCPUWeight": intRange("CPU share of the control plane, 1 to 10000 (100 is an ordinary process); 0 is the daemon's default", 0, 10000),
+			"idleNodes":             intRange("joined, Ready nodes of the smallest size kept up with nothing on them", 0, 1000),
+			"idleSchedule":          str("weekly window for idleNodes, e.g. Mon-Fri 08:00-18:00 Europe/Berlin; empty is always"),
 			"freshNodePerJob":       {Type: "boolean", Description: "a node a CI job Pod ran on takes nothing after it and is removed when the job ends, without the hold"},
 			"sleepAfter":            str("idle time before the control plane sleeps, e.g. 15m; 0 is never, at least 30s otherwise"),
 			"datastore":             {Type: "string", Enum: []apiextensionsv1.JSON{{Raw: []byte(`"sqlite"`)}, {Raw: []byte(`"postgres"`)}}},

@@ -29,6 +29,10 @@ func (c *Cluster) DeepCopy() *Cluster {
 		d := *c.Status.LastScaleDecision
 		out.Status.LastScaleDecision = &d
 	}
+	if c.Status.IdleNodes != nil {
+		in := *c.Status.IdleNodes
+		out.Status.IdleNodes = &in
+	}
 	if c.Status.PodStarts != nil {
 		out.Status.PodStarts = append([]PodStartPercentiles(nil), c.Status.PodStarts...)
 	}

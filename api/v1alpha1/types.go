@@ -120,6 +120,13 @@ type ClusterSpec struct {
 	// ControlPlaneCPUWeight is its CPU share against other tenants (cpu.weight, 1 to
 	// 10000, 100 being an ordinary process); 0 takes the default.
 	ControlPlaneCPUWeight int32 `json:"controlPlaneCPUWeight,omitempty"`
+	// IdleNodes is how many joined, Ready nodes of the smallest size are kept up with
+	// nothing on them, so a Pod starts without a boot; they count against maxNodes and
+	// the host's capacity, and a cluster with them does not sleep.
+	IdleNodes int32 `json:"idleNodes,omitempty"`
+	// IdleSchedule limits IdleNodes to a weekly window, e.g. "Mon-Fri 08:00-18:00
+	// Europe/Berlin"; outside it they go after the hold. Empty is always.
+	IdleSchedule string `json:"idleSchedule,omitempty"`
 	// FreshNodePerJob: a node a CI job Pod ran on (GitLab Runner's, or one labelled
 	// socialweb.computer/ci-job) takes no other Pod after it and is removed as soon as the
 	// job's Pod ends, without the hold: one job per VM, never reused.
@@ -156,6 +163,9 @@ type ClusterStatus struct {
 	AsleepSince *metav1.Time `json:"asleepSince,omitempty"`
 	// NextWake is when a sleeping cluster wakes by itself, ahead of its next CronJob.
 	NextWake *metav1.Time `json:"nextWake,omitempty"`
+	// IdleNodes says how the idle nodes kept for spec.idleNodes stand: wanted now (0
+	// outside the schedule), and spare (up with nothing on them, or booting to refill).
+	IdleNodes *IdleNodesStatus `json:"idleNodes,omitempty"`
 	// PodStarts are the percentiles of Pod start times (created to every container
 	// started) over the last hour, one entry per path that had a start.
 	PodStarts []PodStartPercentiles `json:"podStarts,omitempty"`
@@ -189,6 +199,12 @@ type PodStartPercentiles struct {
 	Count int32           `json:"count"`
 	P50   metav1.Duration `json:"p50"`
 	P90   metav1.Duration `json:"p90"`
+}
+
+// IdleNodesStatus is the idle-node count a cluster wants and has.
+type IdleNodesStatus struct {
+	Wanted int32 `json:"wanted"`
+	Spare  int32 `json:"spare"`
 }
 
 // ClusterList is a list of Clusters.

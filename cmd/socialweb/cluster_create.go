@@ -16,6 +16,7 @@ import (
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
+	"github.com/socialweb-computer/socialweb/internal/window"
 )
 
 func newClusterCreateCommand(g *globalOptions) *cobra.Command {
@@ -31,6 +32,8 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 		cpPIDs      int32
 		cpWeight    int32
 		fresh       bool
+		idleNodes   int32
+		idleSched   string
 	)
 	cmd := &cobra.Command{
 		Use:   "create NAME",
@@ -70,6 +73,16 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 				c.Spec.SleepAfter = &metav1.Duration{Duration: sleepAfter}
 			}
 			c.Spec.FreshNodePerJob = fresh
+			if idleNodes < 0 {
+				return usageError{errf("--idle-nodes %d: want 0 or more", idleNodes)}
+			}
+			if _, err := window.Parse(idleSched); err != nil {
+				return usageError{fmt.Errorf("--idle-schedule: %w", err)}
+			}
+			if idleSched != "" && idleNodes == 0 {
+				return usageError{errf("--idle-schedule %q without --idle-nodes: say how many idle nodes to keep in it", idleSched)}
+			}
+			c.Spec.IdleNodes, c.Spec.IdleSchedule = idleNodes, idleSched
 			if err := controlPlaneLimits(&c.Spec, cpMemory, cpPIDs, cpWeight); err != nil {
 				return usageError{err}
 			}
@@ -125,6 +138,8 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&cpMemory, "control-plane-memory", "", "memory cap of the control-plane process, e.g. 2Gi: past it the kernel kills that process alone and it is restarted (default: the daemon's --default-control-plane-memory)")
 	f.Int32Var(&cpPIDs, "control-plane-pids", 0, "cap on the control plane's threads and processes (default: the daemon's --default-control-plane-pids)")
 	f.Int32Var(&cpWeight, "control-plane-cpu-weight", 0, "CPU share of the control plane against other tenants, 1-10000, 100 being an ordinary process (default: the daemon's --default-control-plane-cpu-weight)")
+	f.Int32Var(&idleNodes, "idle-nodes", 0, "joined, Ready nodes of the smallest size kept up with nothing on them, so a Pod starts without a boot; they count against --max-nodes and the host's capacity, and keep the cluster awake")
+	f.StringVar(&idleSched, "idle-schedule", "", `weekly window for --idle-nodes, e.g. "Mon-Fri 08:00-18:00 Europe/Berlin"; outside it they go after the hold (default: always)`)
 	f.BoolVar(&fresh, "fresh-node-per-job", false, "a node a CI job Pod ran on (GitLab Runner's) takes no other Pod and is removed as soon as the job ends, without the hold: one job per VM, never reused")
 	documentEnv(f)
 	return cmd

@@ -35,6 +35,10 @@ type Cluster struct {
 	Hold        time.Duration
 	// FreshNodePerJob: a node a CI job ran on is sealed and removed when the job ends.
 	FreshNodePerJob bool
+	// IdleNodes are kept up with nothing on them, within IdleSchedule (a window.Parse
+	// text; "" is always).
+	IdleNodes    int
+	IdleSchedule string
 	// RegistryAddr is where the host registry serves this cluster's nodes
 	// (its gateway address); empty serves none.
 	RegistryAddr string
@@ -104,6 +108,8 @@ func clusterOf(c *v1.Cluster, l lease.Lease, tenant kubernetes.Interface, ca, cl
 		MaxNodes:        int(s.MaxNodes),
 		Hold:            s.Hold.Duration,
 		FreshNodePerJob: s.FreshNodePerJob,
+		IdleNodes:       int(s.IdleNodes),
+		IdleSchedule:    s.IdleSchedule,
 		RegistryAddr:    fmt.Sprintf("%s:%d", gw, RegistryPort),
 		DNSAddr:         net.JoinHostPort(gw, "53"),
 	}, nil

@@ -94,7 +94,7 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 	}
 	drv, err := scaledriver.New(scaledriver.Config{
 		Cluster: c.Name, NodeSize: c.NodeSize, MaxNodeSize: c.MaxNodeSize, MaxNodes: c.MaxNodes, Hold: c.Hold, BootTimeout: h.BootTimeout,
-		FreshNodePerJob: c.FreshNodePerJob,
+		FreshNodePerJob: c.FreshNodePerJob, IdleNodes: c.IdleNodes, IdleSchedule: c.IdleSchedule,
 		// Nodes run socialweb's node image: the decision models their allocatable by it.
 		Reserve: scale.DefaultReserve(),
 		// A registered node still starting (kubelet, CNI) counts as coming capacity as long

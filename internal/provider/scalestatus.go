@@ -81,6 +81,13 @@ func (s ScaleStatus) RecordWarmStart(ctx context.Context, cluster string, ok boo
 	return s.setCondition(ctx, cluster, v1.ConditionWarmStart, ok, reason, message)
 }
 
+// RecordIdleNodes sets status.idleNodes.
+func (s ScaleStatus) RecordIdleNodes(ctx context.Context, cluster string, wanted, spare int) error {
+	return s.update(ctx, cluster, func(c *v1.Cluster) {
+		c.Status.IdleNodes = &v1.IdleNodesStatus{Wanted: int32(wanted), Spare: int32(spare)}
+	})
+}
+
 // RecordPodStarts sets status.podStarts.
 func (s ScaleStatus) RecordPodStarts(ctx context.Context, cluster string, starts []v1.PodStartPercentiles) error {
 	return s.update(ctx, cluster, func(c *v1.Cluster) { c.Status.PodStarts = starts })

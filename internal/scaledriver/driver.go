@@ -28,6 +28,7 @@ import (
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
 	"github.com/socialweb-computer/socialweb/internal/scale"
+	"github.com/socialweb-computer/socialweb/internal/window"
 )
 
 // Config is one cluster's scaling policy. Zero durations take the defaults below.
@@ -45,6 +46,10 @@ type Config struct {
 	Reserve scale.Reserve
 	// MaxNodes caps registered + booting nodes.
 	MaxNodes int
+	// IdleNodes are kept up with nothing on them while IdleSchedule (window.Parse; ""
+	// is always) is open (scale.Observed.IdleNodes).
+	IdleNodes    int
+	IdleSchedule string
 	// FreshNodePerJob: a node a CI job Pod was bound to is sealed (cordoned) and removed
 	// once the job is over, without the hold (scale.Observed.FreshNodePerJob).
 	FreshNodePerJob bool
@@ -92,8 +97,11 @@ func (c Config) withDefaults() (Config, error) {
 	if err := scale.ValidateRange(c.NodeSize, c.NodeSize.Upto(c.MaxNodeSize)); err != nil {
 		return c, fmt.Errorf("scaledriver: cluster %s: %w", c.Cluster, err)
 	}
-	if c.MaxNodes < 0 {
-		return c, fmt.Errorf("scaledriver: cluster %s: max nodes %d is negative", c.Cluster, c.MaxNodes)
+	if c.MaxNodes < 0 || c.IdleNodes < 0 {
+		return c, fmt.Errorf("scaledriver: cluster %s: max nodes %d or idle nodes %d is negative", c.Cluster, c.MaxNodes, c.IdleNodes)
+	}
+	if _, err := window.Parse(c.IdleSchedule); err != nil {
+		return c, fmt.Errorf("scaledriver: cluster %s: idle schedule: %w", c.Cluster, err)
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
@@ -135,6 +143,9 @@ type StatusRecorder interface {
 	// handed a pre-booted VM, not ok (WarmStartFailed, with why) when it booted cold
 	// instead; called after each Create that tried (nodes.Instance.Warm).
 	RecordWarmStart(ctx context.Context, cluster string, ok bool, reason, message string) error
+	// RecordIdleNodes reports the idle nodes wanted now and spare; called when they
+	// changed, with a cluster that has spec.idleNodes.
+	RecordIdleNodes(ctx context.Context, cluster string, wanted, spare int) error
 	// RecordPodStarts reports the percentiles of the cluster's Pod starts over the last
 	// hour, per path; called when they changed.
 	RecordPodStarts(ctx context.Context, cluster string, starts []v1.PodStartPercentiles) error
@@ -214,6 +225,10 @@ type Driver struct {
 	// passMu.
 	podStartsReport []v1.PodStartPercentiles
 	podStartsAt     time.Time
+	// idleReport is the idle nodes report last recorded; guarded by passMu.
+	idleReport string
+	// idleWindow is cfg.IdleSchedule parsed.
+	idleWindow window.Window
 }
 
 // New builds a driver; it registers metrics but does no I/O.
@@ -238,6 +253,7 @@ func New(cfg Config, deps Deps) (*Driver, error) {
 		d.now = time.Now
 	}
 	d.starts = newStarts(d.now)
+	d.idleWindow, _ = window.Parse(cfg.IdleSchedule) // validated by withDefaults
 	if d.log == nil {
 		d.log = slog.Default()
 	}

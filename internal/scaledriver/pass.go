@@ -57,6 +57,7 @@ func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
 		d.waiting = waits
 	}
 	d.reportPods(ctx, dec)
+	d.reportIdle(ctx, dec)
 	if err != nil {
 		d.metrics.failed(d.cfg.Cluster, dec, dec.Current)
 		err = fmt.Errorf("scaledriver: cluster %s: %s: %w", d.cfg.Cluster, dec.Action, err)
@@ -121,6 +122,7 @@ func (d *Driver) observe(ctx context.Context) (scale.Observed, []failedMachine, 
 		MaxNodes:        d.cfg.MaxNodes,
 		Hold:            d.cfg.Hold,
 		FreshNodePerJob: d.cfg.FreshNodePerJob,
+		IdleNodes:       d.idleNodes(),
 		NotReadyGrace:   d.cfg.NotReadyGrace,
 		RepairAfter:     d.cfg.BootTimeout,
 		IdleSince:       d.idleSince,
@@ -426,6 +428,33 @@ func (d *Driver) create(ctx context.Context, node scale.NewNode, decided time.Ti
 	d.starts.booted(name, decided, d.now(), n)
 	d.tellBooting(ctx, name, node, inst.Warm.Claimed)
 	return nil
+}
+
+// idleNodes is how many idle nodes the cluster wants now: IdleNodes inside its window,
+// else none.
+func (d *Driver) idleNodes() int {
+	if d.cfg.IdleNodes > 0 && d.idleWindow.Open(d.now()) {
+		return d.cfg.IdleNodes
+	}
+	return 0
+}
+
+// reportIdle records on the Cluster how many idle nodes are wanted and spare, when that
+// changed, for a cluster that keeps them. A failed report is tried again next pass.
+func (d *Driver) reportIdle(ctx context.Context, dec scale.Decision) {
+	if d.status == nil || d.cfg.IdleNodes == 0 {
+		return
+	}
+	wanted := d.idleNodes()
+	report := fmt.Sprint(wanted, dec.Spare)
+	if report == d.idleReport {
+		return
+	}
+	if err := d.status.RecordIdleNodes(ctx, d.cfg.Cluster, wanted, dec.Spare); err != nil {
+		d.log.Error("record idle nodes in the cluster status", "err", err)
+		return
+	}
+	d.idleReport = report
 }
 
 // seal cordons each node a job ran on and marks it, so that it takes no other Pod and the

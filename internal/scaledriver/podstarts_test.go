@@ -31,6 +31,16 @@ func (s *recStatus) RecordPodStarts(_ context.Context, c string, starts []v1.Pod
 	return nil
 }
 
+func (s *recStatus) RecordIdleNodes(_ context.Context, c string, wanted, spare int) error {
+	if c != cluster {
+		return errors.New("cluster " + c)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.idle = append(s.idle, [2]int{wanted, spare})
+	return nil
+}
+
 func (s *recStatus) getStarts() [][]v1.PodStartPercentiles {
 	s.mu.Lock()
 	defer s.mu.Unlock()
