@@ -1,0 +1,99 @@
+package integration
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/livetest"
+)
+
+// TestIdleNodesOnASchedule: with --idle-nodes 1 in a window that is open now, a node
+// boots with nothing to run, a Pod then starts on it without a boot (the idle path) and
+// another idle node boots in its place; once the window closes the idle nodes go after
+// the hold and the cluster falls asleep.
+func TestIdleNodesOnASchedule(t *testing.T) {
+	img := nodeImage(t)
+	d := newDaemon(t, 1, "--node-image", img)
+	d.start()
+	// A window from now for 6 minutes (UTC), wrapping midnight if it must.
+	now := time.Now().UTC()
+	end := now.Add(6 * time.Minute)
+	schedule := fmt.Sprintf("%s %s-%s UTC", now.Weekday().String()[:3], now.Format("15:04"), end.Format("15:04"))
+	d.mustCLI("cluster", "create", "warm", "--wait", "--idle-nodes", "1", "--idle-schedule", schedule,
+		"--hold", "10s", "--max-nodes", "2", "--node-disk", "3Gi", "--sleep-after", "30s")
+	_, k := d.tenant("warm")
+	ctx := ctxT(t, 15*time.Minute)
+
+	// An idle node comes with nothing asking for it.
+	var idle string
+	livetest.Eventually(t, 4*time.Minute, time.Second, "an idle node to be Ready", func() bool {
+		nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil || len(nl.Items) != 1 {
+			return false
+		}
+		idle = nl.Items[0].Name
+		for _, c := range nl.Items[0].Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue
+			}
+		}
+		return false
+	})
+	if st := d.cluster("warm").Status.IdleNodes; st == nil || st.Wanted != 1 || st.Spare != 1 {
+		t.Errorf("status.idleNodes %+v, want wanted 1, spare 1", st)
+	}
+	if time.Now().UTC().After(end.Add(-time.Minute)) {
+		t.Fatalf("the idle node took until %s, too close to the window's end (%s) to go on", time.Now().UTC().Format("15:04:05"), end.Format("15:04"))
+	}
+
+	// A Pod starts on it, with no boot.
+	grace := int64(1)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "quick", Namespace: "default"}, Spec: corev1.PodSpec{
+		RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: &grace,
+		Containers: []corev1.Container{{Name: "c", Image: "busybox:stable", Command: []string{"sleep", "20"}}},
+	}}
+	tPod := time.Now()
+	if _, err := k.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	livetest.Eventually(t, 2*time.Minute, 250*time.Millisecond, "the Pod to run", func() bool {
+		p, err := k.CoreV1().Pods("default").Get(ctx, "quick", metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodRunning
+	})
+	p, _ := k.CoreV1().Pods("default").Get(ctx, "quick", metav1.GetOptions{})
+	t.Logf("the Pod ran on %s %s after it was created", p.Spec.NodeName, time.Since(tPod).Round(100*time.Millisecond))
+	if p.Spec.NodeName != idle {
+		t.Errorf("the Pod ran on %s, want the idle node %s", p.Spec.NodeName, idle)
+	}
+	livetest.Eventually(t, time.Minute, time.Second, "status.podStarts to count an idle start", func() bool {
+		for _, s := range d.cluster("warm").Status.PodStarts {
+			if s.Path == v1.PodStartIdle && s.Count == 1 {
+				return true
+			}
+		}
+		return false
+	})
+	// Another idle node boots for the next Pod.
+	livetest.Eventually(t, time.Minute, time.Second, "a second node to refill the idle one", func() bool {
+		nl, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		return (err == nil && len(nl.Items) == 2) || len(qemusOf(d.stateDir)) == 2
+	})
+
+	// The window closes: the idle nodes go after the hold, and the cluster sleeps.
+	wait := time.Until(end) + 10*time.Second + 3*time.Minute
+	livetest.Eventually(t, wait, 2*time.Second, "the cluster to fall asleep after its window", func() bool {
+		return d.cluster("warm").Status.Phase == v1.PhaseAsleep
+	})
+	if st := d.cluster("warm").Status.IdleNodes; st != nil && st.Wanted != 0 {
+		t.Errorf("status.idleNodes %+v after the window, want wanted 0", st)
+	}
+	if out := d.mustCLI("cluster", "get", "warm", "-o", "yaml"); !strings.Contains(out, "idleSchedule: "+schedule) {
+		t.Errorf("cluster get does not show the schedule %q:\n%s", schedule, out)
+	}
+}
