@@ -209,7 +209,7 @@ func main() {
 	// The daemon's choice (its KVM probe), as the Cluster reports it; /dev/kvm opening
 	// says nothing (nested PVM opens and boots no stock kernel).
 	accel := "accelerator unknown"
-	if out, err := cli("cluster", "get", "boot"); err == nil {
+	if out, err := cli("cluster", "get", "boot", "-o", "yaml"); err == nil {
 		if i := strings.Index(out, "type: NodeAccelerator"); i > 0 {
 			if j := strings.LastIndex(out[:i], "reason: "); j >= 0 {
 				accel = strings.Fields(out[j+len("reason: "):])[0]

@@ -64,9 +64,14 @@ func nameArg(cmd *cobra.Command, args []string) error {
 	return nil
 }
 
-func age(t metav1.Time) string {
-	d := time.Since(t.Time)
+// age is how long before now t was, as kubectl prints ages: 42s, 5m, 3h, 2d.
+func age(t, now time.Time) string { return roughDuration(now.Sub(t)) }
+
+// roughDuration keeps d's largest unit; a negative d (clock skew) is 0s.
+func roughDuration(d time.Duration) string {
 	switch {
+	case d < 0:
+		return "0s"
 	case d < time.Minute:
 		return fmt.Sprintf("%ds", int(d.Seconds()))
 	case d < time.Hour:

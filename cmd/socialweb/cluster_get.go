@@ -1,27 +1,31 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
-	"sigs.k8s.io/yaml"
 )
 
 func newClusterGetCommand(g *globalOptions) *cobra.Command {
-	var output string
+	var out output
 	cmd := &cobra.Command{
-		Use:   "get NAME [-o yaml|json]",
-		Short: "Show one cluster's spec and status",
+		Use:   "get NAME [-o json|yaml|wide]",
+		Short: "Show one cluster: a summary, or with -o yaml or json the object",
 		Args:  nameArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if output != "yaml" && output != "json" {
-				return usageError{errf("-o %q: want yaml or json", output)}
-			}
 			ctx := cmd.Context()
 			_, c, err := g.connectTo(ctx, args[0])
 			if err != nil {
+				return err
+			}
+			switch out {
+			case outputDefault:
+				_, err = fmt.Fprint(os.Stdout, clusterSummary(c, time.Now()))
+				return err
+			case outputWide:
+				_, err = fmt.Fprint(os.Stdout, clusterSummaryWide(c, time.Now()))
 				return err
 			}
 			c.ManagedFields = nil
@@ -29,21 +33,10 @@ func newClusterGetCommand(g *globalOptions) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var b []byte
-			if output == "json" {
-				b, err = json.MarshalIndent(u.Object, "", "  ")
-				b = append(b, '\n')
-			} else {
-				b, err = yaml.Marshal(u.Object)
-			}
-			if err != nil {
-				return err
-			}
-			_, err = fmt.Fprint(os.Stdout, string(b))
-			return err
+			return writeObject(os.Stdout, out, u.Object)
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "yaml", "yaml or json")
+	addOutputFlag(cmd.Flags(), &out, "a summary of spec, status and conditions")
 	documentEnv(cmd.Flags())
 	return cmd
 }

@@ -44,7 +44,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"get unknown", []string{"cluster", "get", "nosuch"}, 1, "not found"},
 		{"delete unknown", []string{"cluster", "delete", "nosuch"}, 1, "not found"},
 		{"kubeconfig unknown", []string{"cluster", "kubeconfig", "nosuch"}, 1, "not found"},
-		{"bad output format", []string{"cluster", "get", "dup", "-o", "xml"}, 2, "want yaml or json"},
+		{"bad output format", []string{"cluster", "get", "dup", "-o", "xml"}, 2, "want one of json, yaml, wide"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

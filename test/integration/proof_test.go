@@ -201,7 +201,7 @@ func TestFourStepProof(t *testing.T) {
 		}
 	}
 	t.Logf("nodes run under %s: %s", accelCond.Reason, accelCond.Message)
-	if out := d.mustCLI("cluster", "get", "proof"); !strings.Contains(out, "type: NodeAccelerator") {
+	if out := d.mustCLI("cluster", "get", "proof", "-o", "yaml"); !strings.Contains(out, "type: NodeAccelerator") {
 		t.Errorf("step 4: socialweb cluster get does not show the NodeAccelerator condition:\n%s", out)
 	}
 
