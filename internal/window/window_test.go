@@ -24,8 +24,8 @@ func TestParseAndOpen(t *testing.T) {
 		{"Mon-Fri 08:00-18:00", at(0, 8, 0, time.UTC), true},
 		{"Mon-Fri 08:00-18:00", at(0, 7, 59, time.UTC), false},
 		{"Mon-Fri 08:00-18:00", at(0, 18, 0, time.UTC), false},
-		{"Mon-Fri 08:00-18:00", at(5, 12, 0, time.UTC), false}, // Saturday
-		{"Mon-Fri 08:00-18:00 Europe/Berlin", at(0, 7, 30, time.UTC), true},  // 08:30 in Berlin
+		{"Mon-Fri 08:00-18:00", at(5, 12, 0, time.UTC), false},                // Saturday
+		{"Mon-Fri 08:00-18:00 Europe/Berlin", at(0, 7, 30, time.UTC), true},   // 08:30 in Berlin
 		{"Mon-Fri 08:00-18:00 Europe/Berlin", at(0, 17, 30, time.UTC), false}, // 18:30 in Berlin
 		{"Mon-Fri 08:00-18:00 Europe/Berlin", at(0, 9, 0, berlin), true},
 		{"sat,sun 00:00-24:00", at(6, 23, 59, time.UTC), true}, // Sunday
