@@ -19,6 +19,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/pki"
 	"github.com/socialweb-computer/socialweb/internal/scale"
 	"github.com/socialweb-computer/socialweb/internal/sleep"
+	"github.com/socialweb-computer/socialweb/internal/window"
 )
 
 const (
@@ -299,6 +300,7 @@ func (p *Provider) checkSleep(ctx context.Context, c *v1.Cluster) error {
 	if err := p.observeTenant(ctx, c.Name, &obs); err != nil {
 		return err
 	}
+	observeIdleNodes(c, &obs)
 	v := sleep.Decide(obs)
 	if !v.Sleep {
 		p.log.Debug("cluster stays awake", "cluster", c.Name, "why", v.Why)
@@ -361,6 +363,24 @@ func (p *Provider) observeTenant(ctx context.Context, name string, o *sleep.Obse
 	}
 	o.NextCron = sleep.NextCron(cronJobs.Items, o.Now)
 	return nil
+}
+
+// observeIdleNodes puts a cluster's idle-node window into o: wanted now, or when it
+// opens next. A schedule that does not parse is the scale driver's to report; here it
+// keeps nothing awake.
+func observeIdleNodes(c *v1.Cluster, o *sleep.Observed) {
+	if c.Spec.IdleNodes <= 0 {
+		return
+	}
+	w, err := window.Parse(c.Spec.IdleSchedule)
+	if err != nil {
+		return
+	}
+	if w.Open(o.Now) {
+		o.IdleNodesWanted = true
+		return
+	}
+	o.NextIdleWindow = w.NextOpen(o.Now)
 }
 
 func (p *Provider) tenantClient(name string) (kubernetes.Interface, error) {

@@ -208,3 +208,29 @@ func TestGoToSleepKeepsOnlyThePort(t *testing.T) {
 		return waking
 	})
 }
+
+func TestObserveIdleNodes(t *testing.T) {
+	// 2026-12-07 is a Monday.
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name     string
+		spec     v1.ClusterSpec
+		wanted   bool
+		nextOpen time.Time
+	}{
+		{"no idle nodes", v1.ClusterSpec{IdleSchedule: "Mon-Fri 08:00-18:00"}, false, time.Time{}},
+		{"always", v1.ClusterSpec{IdleNodes: 1}, true, time.Time{}},
+		{"inside the window", v1.ClusterSpec{IdleNodes: 1, IdleSchedule: "Mon-Fri 08:00-18:00"}, true, time.Time{}},
+		{"outside: when it opens", v1.ClusterSpec{IdleNodes: 1, IdleSchedule: "Tue 08:00-18:00"}, false, time.Date(2026, 12, 8, 8, 0, 0, 0, time.UTC)},
+		{"a bad schedule keeps nothing awake", v1.ClusterSpec{IdleNodes: 1, IdleSchedule: "weekdays"}, false, time.Time{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := sleep.Observed{Now: now}
+			observeIdleNodes(&v1.Cluster{Spec: tt.spec}, &o)
+			if o.IdleNodesWanted != tt.wanted || !o.NextIdleWindow.Equal(tt.nextOpen) {
+				t.Errorf("wanted %t, next window %s; want %t, %s", o.IdleNodesWanted, o.NextIdleWindow, tt.wanted, tt.nextOpen)
+			}
+		})
+	}
+}

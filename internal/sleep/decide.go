@@ -28,6 +28,10 @@ type Observed struct {
 	WantsNodes int
 	// NextCron is when the next CronJob is due (zero: none is scheduled).
 	NextCron time.Time
+	// IdleNodesWanted: the cluster keeps idle nodes and its window is open now.
+	IdleNodesWanted bool
+	// NextIdleWindow is when its idle-node window opens next (zero: none).
+	NextIdleWindow time.Time
 }
 
 // Verdict is what Decide says.
@@ -56,6 +60,8 @@ func Decide(o Observed) Verdict {
 		return Verdict{Why: fmt.Sprintf("%d nodes", o.Nodes)}
 	case o.WantsNodes > 0:
 		return Verdict{Why: fmt.Sprintf("%d pods wait for a node", o.WantsNodes)}
+	case o.IdleNodesWanted:
+		return Verdict{Why: "idle nodes are wanted now (idleNodes, inside idleSchedule)"}
 	case !o.NextCron.IsZero() && o.NextCron.Sub(o.Now) <= WakeLead:
 		return Verdict{Why: fmt.Sprintf("a CronJob is due at %s", o.NextCron.UTC().Format(time.RFC3339))}
 	}
@@ -63,8 +69,12 @@ func Decide(o Observed) Verdict {
 		return Verdict{Why: fmt.Sprintf("idle for %s of %s", idle.Round(time.Second), o.SleepAfter)}
 	}
 	v := Verdict{Sleep: true, Why: fmt.Sprintf("no request, node or due CronJob for %s", o.SleepAfter)}
-	if !o.NextCron.IsZero() {
-		v.NextWake = o.NextCron.Add(-WakeLead)
+	// It wakes ahead of its next CronJob, and ahead of its idle-node window so that
+	// the idle nodes are up when the window opens.
+	for _, at := range []time.Time{o.NextCron, o.NextIdleWindow} {
+		if !at.IsZero() && (v.NextWake.IsZero() || at.Add(-WakeLead).Before(v.NextWake)) {
+			v.NextWake = at.Add(-WakeLead)
+		}
 	}
 	return v
 }

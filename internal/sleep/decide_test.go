@@ -29,6 +29,11 @@ func TestDecide(t *testing.T) {
 		{"pods want a node", with(func(o *Observed) { o.WantsNodes = 2 }), false, "2 pods wait", time.Time{}},
 		{"cronjob due soon", with(func(o *Observed) { o.NextCron = now.Add(90 * time.Second) }), false, "CronJob is due", time.Time{}},
 		{"cronjob due later: wake ahead of it", with(func(o *Observed) { o.NextCron = now.Add(time.Hour) }), true, "no request", now.Add(time.Hour - WakeLead)},
+		{"idle nodes wanted now", with(func(o *Observed) { o.IdleNodesWanted = true }), false, "idle nodes are wanted", time.Time{}},
+		{"idle window later: wake ahead of it", with(func(o *Observed) { o.NextIdleWindow = now.Add(3 * time.Hour) }), true, "no request", now.Add(3*time.Hour - WakeLead)},
+		{"the earlier of a CronJob and the idle window", with(func(o *Observed) {
+			o.NextIdleWindow, o.NextCron = now.Add(3*time.Hour), now.Add(5*time.Hour)
+		}), true, "no request", now.Add(3*time.Hour - WakeLead)},
 		{"exactly at sleepAfter", with(func(o *Observed) { o.LastRequest = now.Add(-time.Minute) }), true, "no request", time.Time{}},
 	}
 	for _, tc := range tests {

@@ -113,5 +113,22 @@ func (w Window) Open(t time.Time) bool {
 	return (w.days[day] && m >= w.start) || (w.days[(day+6)%7] && m < w.end)
 }
 
+// NextOpen is the first minute after t at which the window is open, for a window that
+// is closed at t; the zero time for the always-open window. A week of minutes is
+// enough to find it.
+func (w Window) NextOpen(t time.Time) time.Time {
+	if w.loc == nil {
+		return time.Time{}
+	}
+	m := t.Truncate(time.Minute)
+	for range 7*24*60 + 1 {
+		m = m.Add(time.Minute)
+		if w.Open(m) {
+			return m
+		}
+	}
+	return time.Time{} // no day listed: cannot happen for a parsed window
+}
+
 // String is the window as parsed, "" for always.
 func (w Window) String() string { return w.text }

@@ -66,3 +66,27 @@ func TestParseRefuses(t *testing.T) {
 		}
 	}
 }
+
+func TestNextOpen(t *testing.T) {
+	// 2026-12-07 is a Monday.
+	mon := func(day, hour, min int) time.Time { return time.Date(2026, 12, 7+day, hour, min, 30, 0, time.UTC) }
+	tests := []struct {
+		spec string
+		at   time.Time
+		want time.Time
+	}{
+		{"Mon-Fri 08:00-18:00", mon(0, 18, 0), time.Date(2026, 12, 8, 8, 0, 0, 0, time.UTC)},
+		{"Mon-Fri 08:00-18:00", mon(4, 19, 0), time.Date(2026, 12, 14, 8, 0, 0, 0, time.UTC)}, // Friday evening: Monday
+		{"Mon-Fri 08:00-18:00", mon(0, 7, 59), time.Date(2026, 12, 7, 8, 0, 0, 0, time.UTC)},
+		{"", mon(0, 7, 0), time.Time{}},
+	}
+	for _, tt := range tests {
+		w, err := Parse(tt.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := w.NextOpen(tt.at); !got.Equal(tt.want) {
+			t.Errorf("%q after %s: %s, want %s", tt.spec, tt.at, got, tt.want)
+		}
+	}
+}
