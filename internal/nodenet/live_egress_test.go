@@ -189,6 +189,27 @@ func TestLiveEgressWalls(t *testing.T) {
 	)
 	denied("internet", 3, 2)
 
+	// A node that forges a source not its cluster's (another cluster's node, say) gets
+	// nothing forwarded: dropped before the egress policy, and counted.
+	spoof := "10.250.193.9" // in the range of another cluster's node network
+	sh(t, "ip", "-n", "swe-node", "addr", "add", spoof+"/32", "dev", "eth0")
+	prior, err := m.DeniedCounters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := dialFromSource("swe-node", spoof, inet, no); err == nil {
+		t.Errorf("a forged source %s reached the internet stand-in (it saw %q)", spoof, got)
+	}
+	denied("forged source", prior[egressIndex]["egress"]+1, 0)
+	// A machine on the LAN that routes the node network to the host reaches none of the
+	// cluster's services on its gateway: they answer on the cluster's bridge alone.
+	sh(t, "ip", "-n", "swe-lan", "route", "add", pe.NodeCIDR.String(), "via", lanHost)
+	for _, port := range []int{apiPort, regPort} {
+		if got, err := dialFrom("swe-lan", net.JoinHostPort(gw, strconv.Itoa(port)), no); err == nil {
+			t.Errorf("the LAN reached the gateway's port %d (the server saw %q)", port, got)
+		}
+	}
+
 	// none: nothing forwarded; the gateway's services stay.
 	ensure(EgressPolicy{Mode: EgressNone})
 	reach("none: the apiserver on the gateway", net.JoinHostPort(gw, strconv.Itoa(apiPort)), node)

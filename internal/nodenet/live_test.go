@@ -167,6 +167,22 @@ func dialFrom(ns, addr string, timeout time.Duration) (string, error) {
 	return string(b), err
 }
 
+// dialFromSource is dialFrom with the connection's source address set to src.
+func dialFromSource(ns, src, addr string, timeout time.Duration) (string, error) {
+	var c net.Conn
+	if err := inNS(ns, func() (err error) {
+		d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		c, err = d.Dial("tcp", addr)
+		return err
+	}); err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout + time.Second))
+	b, err := io.ReadAll(c)
+	return string(b), err
+}
+
 // peerServer listens in ns (host when "") on addr and tells each client
 // the address it sees the client come from.
 func peerServer(t *testing.T, ns, addr string) {

@@ -176,6 +176,7 @@ func Ruleset(cluster string, plan Plan, served Served, egress EgressPolicy, host
 		type filter hook forward priority filter - 10; policy accept;
 		iifname "%[1]s" meta nfproto ipv6 drop
 		oifname "%[1]s" meta nfproto ipv6 drop
+		iifname "%[1]s" ip saddr != { %[4]s } counter name "%[8]s" drop
 		iifname "%[1]s" oifname "%[1]s" accept
 		iifname "%[1]s" oifname "%[2]s*" counter name "%[8]s" drop
 		oifname "%[1]s" iifname "%[2]s*" drop
@@ -190,6 +191,7 @@ func Ruleset(cluster string, plan Plan, served Served, egress EgressPolicy, host
 	}
 	chain input {
 		type filter hook input priority filter - 10; policy accept;
+		iifname != { "%[1]s", "lo" } ip daddr %[3]s drop
 		iifname "%[1]s" meta nfproto ipv6 drop
 		iifname "%[1]s" ct state established,related accept
 		iifname "%[1]s" ip daddr %[3]s tcp dport { %[10]s } accept

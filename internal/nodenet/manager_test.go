@@ -204,6 +204,7 @@ table inet socialweb-3 {
 		type filter hook forward priority filter - 10; policy accept;
 		iifname "swb3" meta nfproto ipv6 drop
 		oifname "swb3" meta nfproto ipv6 drop
+		iifname "swb3" ip saddr != { 10.250.3.0/24, 10.3.0.0/16 } counter name "egress_denied" drop
 		iifname "swb3" oifname "swb3" accept
 		iifname "swb3" oifname "swb*" counter name "egress_denied" drop
 		oifname "swb3" iifname "swb*" drop
@@ -219,6 +220,7 @@ table inet socialweb-3 {
 	}
 	chain input {
 		type filter hook input priority filter - 10; policy accept;
+		iifname != { "swb3", "lo" } ip daddr 10.250.3.1 drop
 		iifname "swb3" meta nfproto ipv6 drop
 		iifname "swb3" ct state established,related accept
 		iifname "swb3" ip daddr 10.250.3.1 tcp dport { 53, 5000, 7501 } accept
