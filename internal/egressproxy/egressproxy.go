@@ -36,7 +36,7 @@ type Policy struct {
 	Allow []netip.Prefix
 	// Deny are addresses never dialled, even inside Allow (the gateway: the host).
 	Deny []netip.Addr
-	// Public allows public addresses (publicaddr.Is).
+	// Public allows public addresses not the host's own (publicaddr.Elsewhere).
 	Public bool
 }
 
@@ -53,7 +53,7 @@ func (p Policy) Check(addr netip.Addr) error {
 			return nil
 		}
 	}
-	if p.Public && publicaddr.Is(addr) {
+	if p.Public && publicaddr.Elsewhere(addr) {
 		return nil
 	}
 	if p.Public {

@@ -171,7 +171,8 @@ func (e *notPublicError) Error() string {
 	return fmt.Sprintf("%s is not a public address; the host fetches only public registries for nodes (an operator can add a mirror for a private one)", e.addr)
 }
 
-func publicAddr(a netip.Addr) bool { return publicaddr.Is(a) }
+// publicAddr: the host fetches for a node only from public addresses not its own.
+func publicAddr(a netip.Addr) bool { return publicaddr.Elsewhere(a) }
 
 // allowed says why the host may not fetch from registry reg for a node, or "".
 func (u *Upstream) allowed(reg string) string {
