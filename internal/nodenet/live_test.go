@@ -154,24 +154,18 @@ func ping(ns, dst string, timeout time.Duration) error {
 
 // dial connects from namespace ns to addr and returns what the server says.
 func dialFrom(ns, addr string, timeout time.Duration) (string, error) {
-	var c net.Conn
-	if err := inNS(ns, func() (err error) {
-		c, err = net.DialTimeout("tcp", addr, timeout)
-		return err
-	}); err != nil {
-		return "", err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(timeout + time.Second))
-	b, err := io.ReadAll(c)
-	return string(b), err
+	return dialFromSource(ns, "", addr, timeout)
 }
 
-// dialFromSource is dialFrom with the connection's source address set to src.
+// dialFromSource is dialFrom with the connection's source address set to src ("": the
+// kernel's choice).
 func dialFromSource(ns, src, addr string, timeout time.Duration) (string, error) {
 	var c net.Conn
 	if err := inNS(ns, func() (err error) {
-		d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		d := net.Dialer{Timeout: timeout}
+		if src != "" {
+			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
+		}
 		c, err = d.Dial("tcp", addr)
 		return err
 	}); err != nil {
