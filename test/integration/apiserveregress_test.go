@@ -91,7 +91,8 @@ func TestApiserverCannotReachTheHostsLAN(t *testing.T) {
 	if n := hits.Load(); n != 0 {
 		t.Errorf("the LAN stand-in answered %d requests from the apiserver", n)
 	}
-	// It was the egress proxy that said no, for that address, on the cluster selection.
+	// It was the egress proxy that said no, for that address (the apiserver may not dial
+	// again for the second attempt, so at least once).
 	log, err := os.ReadFile(filepath.Join(d.stateDir, "clusters", "egress", "controlplane.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +103,7 @@ func TestApiserverCannotReachTheHostsLAN(t *testing.T) {
 			refusals++
 		}
 	}
-	if refusals < 2 {
-		t.Errorf("the control plane's log has %d egress refusals naming %s:8080, want one per attempt (2):\n%s", refusals, lan.Addr, grepLines(string(log), "egress"))
+	if refusals == 0 {
+		t.Errorf("the control plane's log has no egress refusal naming %s:8080:\n%s", lan.Addr, grepLines(string(log), "egress"))
 	}
 }
