@@ -46,35 +46,37 @@ func TestFreshNodePerJob(t *testing.T) {
 			},
 		}
 	}
-	// runJob runs one job to its end and returns its node and its log; then, as the
-	// runner does, deletes its Pod.
+	// runJob runs one job until its script printed "done", reads its log, then, as the
+	// runner does at a job's end, deletes its Pod. (The script then sleeps: with a fresh
+	// node per job, a node goes as soon as its job Pod ends, its logs with it.)
 	runJob := func(p *corev1.Pod) (node, log string) {
 		t.Helper()
 		if _, err := k.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		livetest.Eventually(t, 8*time.Minute, time.Second, "job "+p.Name+" to end", func() bool {
+		livetest.Eventually(t, 8*time.Minute, time.Second, "job "+p.Name+" to print done", func() bool {
 			got, err := k.CoreV1().Pods("default").Get(ctx, p.Name, metav1.GetOptions{})
 			if err != nil {
 				t.Fatalf("job %s: %v", p.Name, err)
 			}
 			node = got.Spec.NodeName
-			if got.Status.Phase == corev1.PodFailed {
-				t.Fatalf("job %s failed: %+v", p.Name, got.Status.ContainerStatuses)
+			if got.Status.Phase == corev1.PodFailed || got.Status.Phase == corev1.PodSucceeded {
+				t.Fatalf("job %s ended before it printed done: %s %+v", p.Name, got.Status.Phase, got.Status.ContainerStatuses)
 			}
-			return got.Status.Phase == corev1.PodSucceeded
+			if got.Status.Phase != corev1.PodRunning {
+				return false
+			}
+			b, err := k.CoreV1().Pods("default").GetLogs(p.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+			log = string(b)
+			return err == nil && strings.Contains(log, "done")
 		})
-		b, err := k.CoreV1().Pods("default").GetLogs(p.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
-		if err != nil && !apierrors.IsNotFound(err) {
-			t.Logf("job %s's log: %v (its node may be gone already)", p.Name, err)
-		}
 		if err := k.CoreV1().Pods("default").Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			t.Fatal(err)
 		}
-		return node, string(b)
+		return node, log
 	}
 
-	first, _ := runJob(job("job-1", "echo secret-of-job-1 > /host/left-behind; echo wrote"))
+	first, _ := runJob(job("job-1", "echo secret-of-job-1 > /host/left-behind; echo done; exec sleep 3600"))
 	tEnd := time.Now()
 	t.Logf("job 1 ran on %s", first)
 	livetest.Eventually(t, 60*time.Second, 500*time.Millisecond, "job 1's node to be gone", func() bool {
@@ -87,7 +89,7 @@ func TestFreshNodePerJob(t *testing.T) {
 		t.Errorf("job 1's node went %s after its job, want within seconds (no hold)", gone.Round(time.Second))
 	}
 
-	second, log := runJob(job("job-2", "if [ -e /host/left-behind ]; then echo SAW; cat /host/left-behind; else echo clean; fi"))
+	second, log := runJob(job("job-2", "if [ -e /host/left-behind ]; then echo SAW; cat /host/left-behind; else echo clean; fi; echo done; exec sleep 3600"))
 	t.Logf("job 2 ran on %s: %q", second, strings.TrimSpace(log))
 	if second == first || second == "" {
 		t.Errorf("job 2 ran on %q, job 1 on %q; want two different nodes", second, first)
@@ -95,7 +97,7 @@ func TestFreshNodePerJob(t *testing.T) {
 	if strings.Contains(log, "SAW") || strings.Contains(log, "secret-of-job-1") {
 		t.Errorf("job 2 saw what job 1 left on its node: %q", log)
 	}
-	if log != "" && !strings.Contains(log, "clean") {
+	if !strings.Contains(log, "clean") {
 		t.Errorf("job 2's log %q, want it to say clean", log)
 	}
 
