@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -15,18 +14,18 @@ import (
 
 // TestIdleNodesOnASchedule: with --idle-nodes 1 in a window that is open now, a node
 // boots with nothing to run, a Pod then starts on it without a boot (the idle path) and
-// another idle node boots in its place; once the window closes the idle nodes go after
-// the hold and the cluster falls asleep.
+// another idle node boots in its place. What happens when the window closes (the nodes
+// go after the hold, the cluster may sleep, it wakes ahead of the next window) is
+// TestIdleNodes', TestIdleNodesInTheirWindow's and sleep's TestDecide's: waiting for a
+// window to close here cost CI six minutes.
 func TestIdleNodesOnASchedule(t *testing.T) {
 	img := nodeImage(t)
 	d := newDaemon(t, 1, "--node-image", img)
 	d.start()
-	// A window from now for 6 minutes (UTC), wrapping midnight if it must.
-	now := time.Now().UTC()
-	end := now.Add(6 * time.Minute)
-	schedule := fmt.Sprintf("%s %s-%s UTC", now.Weekday().String()[:3], now.Format("15:04"), end.Format("15:04"))
+	// Every day, all day: open now, whatever the time (parsed as a window all the same).
+	schedule := "Mon-Sun 00:00-24:00 UTC"
 	d.mustCLI("cluster", "create", "warm", "--wait", "--idle-nodes", "1", "--idle-schedule", schedule,
-		"--hold", "10s", "--max-nodes", "2", "--node-disk", "3Gi", "--sleep-after", "30s")
+		"--hold", "10s", "--max-nodes", "2", "--node-disk", "3Gi")
 	_, k := d.tenant("warm")
 	ctx := ctxT(t, 15*time.Minute)
 
@@ -47,9 +46,6 @@ func TestIdleNodesOnASchedule(t *testing.T) {
 	})
 	if st := d.cluster("warm").Status.IdleNodes; st == nil || st.Wanted != 1 || st.Spare != 1 {
 		t.Errorf("status.idleNodes %+v, want wanted 1, spare 1", st)
-	}
-	if time.Now().UTC().After(end.Add(-time.Minute)) {
-		t.Fatalf("the idle node took until %s, too close to the window's end (%s) to go on", time.Now().UTC().Format("15:04:05"), end.Format("15:04"))
 	}
 
 	// A Pod starts on it, with no boot.
@@ -85,14 +81,6 @@ func TestIdleNodesOnASchedule(t *testing.T) {
 		return (err == nil && len(nl.Items) == 2) || len(qemusOf(d.stateDir)) == 2
 	})
 
-	// The window closes: the idle nodes go after the hold, and the cluster sleeps.
-	wait := time.Until(end) + 10*time.Second + 3*time.Minute
-	livetest.Eventually(t, wait, 2*time.Second, "the cluster to fall asleep after its window", func() bool {
-		return d.cluster("warm").Status.Phase == v1.PhaseAsleep
-	})
-	if st := d.cluster("warm").Status.IdleNodes; st != nil && st.Wanted != 0 {
-		t.Errorf("status.idleNodes %+v after the window, want wanted 0", st)
-	}
 	if out := d.mustCLI("cluster", "get", "warm", "-o", "yaml"); !strings.Contains(out, "idleSchedule: "+schedule) {
 		t.Errorf("cluster get does not show the schedule %q:\n%s", schedule, out)
 	}
