@@ -1,11 +1,12 @@
 package buildcache
 
 import (
-	"errors"
 	"net/http"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/socialweb-computer/socialweb/internal/promreg"
 )
 
 // metrics are shared by every cluster's cache and labelled by cluster.
@@ -40,32 +41,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var err error
-	if m.bytes, err = register(reg, m.bytes); err != nil {
+	if m.bytes, err = promreg.Register(reg, m.bytes); err != nil {
 		return nil, err
 	}
-	if m.objects, err = register(reg, m.objects); err != nil {
+	if m.objects, err = promreg.Register(reg, m.objects); err != nil {
 		return nil, err
 	}
-	if m.evictions, err = register(reg, m.evictions); err != nil {
+	if m.evictions, err = promreg.Register(reg, m.evictions); err != nil {
 		return nil, err
 	}
-	if m.requests, err = register(reg, m.requests); err != nil {
+	if m.requests, err = promreg.Register(reg, m.requests); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the collector already registered in its place (a
-// second Cache on the same registry).
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	err := reg.Register(c)
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing, nil
-		}
-	}
-	return c, err
 }
 
 func (m *metrics) usage(cluster string, bytes int64, objects int) {

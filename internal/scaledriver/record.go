@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,6 +11,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/socialweb-computer/socialweb/internal/promreg"
 	"github.com/socialweb-computer/socialweb/internal/scale"
 )
 
@@ -127,50 +127,37 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var err error
-	if m.decisions, err = register(reg, m.decisions); err != nil {
+	if m.decisions, err = promreg.Register(reg, m.decisions); err != nil {
 		return nil, err
 	}
-	if m.failures, err = register(reg, m.failures); err != nil {
+	if m.failures, err = promreg.Register(reg, m.failures); err != nil {
 		return nil, err
 	}
-	if m.nodes, err = register(reg, m.nodes); err != nil {
+	if m.nodes, err = promreg.Register(reg, m.nodes); err != nil {
 		return nil, err
 	}
-	if m.pending, err = register(reg, m.pending); err != nil {
+	if m.pending, err = promreg.Register(reg, m.pending); err != nil {
 		return nil, err
 	}
-	if m.nodeFails, err = register(reg, m.nodeFails); err != nil {
+	if m.nodeFails, err = promreg.Register(reg, m.nodeFails); err != nil {
 		return nil, err
 	}
-	if m.unfit, err = register(reg, m.unfit); err != nil {
+	if m.unfit, err = promreg.Register(reg, m.unfit); err != nil {
 		return nil, err
 	}
-	if m.waits, err = register(reg, m.waits); err != nil {
+	if m.waits, err = promreg.Register(reg, m.waits); err != nil {
 		return nil, err
 	}
-	if m.starts, err = register(reg, m.starts); err != nil {
+	if m.starts, err = promreg.Register(reg, m.starts); err != nil {
 		return nil, err
 	}
-	if m.kinds, err = register(reg, m.kinds); err != nil {
+	if m.kinds, err = promreg.Register(reg, m.kinds); err != nil {
 		return nil, err
 	}
-	if m.podStarts, err = register(reg, m.podStarts); err != nil {
+	if m.podStarts, err = promreg.Register(reg, m.podStarts); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the identical collector a driver of another cluster
-// registered on reg before.
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	err := reg.Register(c)
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing, nil
-		}
-	}
-	return c, err
 }
 
 func (m *metrics) decided(cluster string, d scale.Decision) {
