@@ -84,6 +84,18 @@ type NodeRequest struct {
 	MaxPods int
 	// Labels the kubelet registers the Node with (--node-labels).
 	Labels map[string]string
+	// Admitted, if set, is called once, when the provider has taken the machine on (host
+	// capacity reserved, or a pre-booted machine handed over) and before the slow part
+	// of a boot, so whoever waits for the node hears of it in time. warm says it is a
+	// pre-booted machine. Not called when Create fails first. It must not block.
+	Admitted func(warm bool) `json:"-"`
+}
+
+// TellAdmitted calls r.Admitted if it is set.
+func (r NodeRequest) TellAdmitted(warm bool) {
+	if r.Admitted != nil {
+		r.Admitted(warm)
+	}
 }
 
 // Validate reports whether r can be handed to a provider.

@@ -415,18 +415,26 @@ func (d *Driver) create(ctx context.Context, node scale.NewNode, decided time.Ti
 	if err != nil {
 		return err
 	}
+	// The Pods hear of their node as soon as the provider takes it on, not after the
+	// clone and the VMM start that Create waits for (seconds on a busy host).
+	var told sync.Once
+	tell := func(warm bool) { told.Do(func() { d.tellBooting(ctx, name, node, warm) }) }
 	inst, err := d.provider.Create(ctx, nodes.NodeRequest{
 		Cluster: d.cfg.Cluster, Name: name,
 		CPUs: size.CPUs, MemoryMiB: size.MemoryMiB, DiskMiB: size.DiskMiB, MaxPods: size.MaxPods,
-		Labels: scale.NodeLabels(name, size),
+		Labels:   scale.NodeLabels(name, size),
+		Admitted: tell,
 	})
 	if err != nil {
-		return fmt.Errorf("create node %s: %w", name, err)
+		err = fmt.Errorf("create node %s: %w", name, err)
+		d.tellFailed(ctx, failedMachine{name: name, reason: "CreateFailed", message: err.Error()})
+		d.forgetBootedFor(name)
+		return err
 	}
 	d.reportWarmStart(ctx, name, inst.Warm)
 	n, _ := d.nodeLister.Get(name) // a provider may register the Node within Create
 	d.starts.booted(name, decided, d.now(), n)
-	d.tellBooting(ctx, name, node, inst.Warm.Claimed)
+	tell(inst.Warm.Claimed) // a provider that does not call Admitted
 	return nil
 }
 

@@ -322,3 +322,28 @@ func TestPodStartsReachTheMetricAndTheCluster(t *testing.T) {
 		t.Errorf("%d reports after a pass with nothing new, want 1", len(got))
 	}
 }
+
+// A Pod hears of its node when the provider takes the node on, before Create returns,
+// and hears that it failed when the rest of Create fails.
+func TestPodsHearBeforeCreateReturns(t *testing.T) {
+	r := newRig(t, Config{}, false, []runtime.Object{testPod("job", func(p *corev1.Pod) { p.Namespace = "ci" })})
+	r.prov.FailNextAfterAdmit(errors.New("cloning the root disk: no space left on device"))
+	ctx := context.Background()
+	r.start(ctx)
+	if _, err := r.d.RunPass(ctx); err == nil {
+		t.Fatal("first pass: no error, want the failed Create's")
+	}
+	evs := podEvents(t, r, "ci")
+	var booting, failed int
+	for _, e := range evs {
+		switch {
+		case strings.HasPrefix(e, "Normal NodeBooting job: booting node liveweb-"):
+			booting++
+		case strings.HasPrefix(e, "Warning NodeBootFailed job: node liveweb-") && strings.Contains(e, "no space left on device"):
+			failed++
+		}
+	}
+	if booting != 1 || failed != 1 {
+		t.Fatalf("events %q, want one NodeBooting (told from Admitted, as Create did not return the node) and one NodeBootFailed naming the cause", evs)
+	}
+}

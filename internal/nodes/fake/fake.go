@@ -75,13 +75,14 @@ type Provider struct {
 	now    func() time.Time
 	onCall func(Call)
 
-	mu          sync.Mutex
-	instances   map[string]nodes.Instance
-	calls       []Call
-	failNext    map[Op]error
-	warmNext    *nodes.WarmStart
-	hostMemMiB  int64
-	hostDiskMiB int64
+	mu             sync.Mutex
+	instances      map[string]nodes.Instance
+	calls          []Call
+	failNext       map[Op]error
+	warmNext       *nodes.WarmStart
+	failAfterAdmit error
+	hostMemMiB     int64
+	hostDiskMiB    int64
 }
 
 // SetHostCapacity changes the limits of WithHostCapacity, e.g. as another tenant's
@@ -149,6 +150,15 @@ func (p *Provider) FailNext(op Op, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.failNext[op] = err
+}
+
+// FailNextAfterAdmit makes the next Create fail with err after it has called the
+// request's Admitted, as a boot that fails after the host took it on (a clone or a
+// VMM start that fails).
+func (p *Provider) FailNextAfterAdmit(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failAfterAdmit = err
 }
 
 // WarmNext makes the next successful Create report w as how it started the machine
@@ -243,7 +253,16 @@ func (p *Provider) create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 	if p.warmNext != nil {
 		warm, p.warmNext = *p.warmNext, nil
 	}
+	late := p.failAfterAdmit
+	p.failAfterAdmit = nil
 	p.mu.Unlock()
+	req.TellAdmitted(warm.Claimed)
+	if late != nil {
+		p.mu.Lock()
+		delete(p.instances, req.Name)
+		p.mu.Unlock()
+		return nodes.Instance{}, late
+	}
 
 	if p.client != nil {
 		if _, err := p.client.CoreV1().Nodes().Create(ctx, NodeObject(req, inst.Created), metav1.CreateOptions{}); err != nil {

@@ -107,6 +107,7 @@ func (p *Provider) Create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 	}
 	inst, warm := p.claim(ctx, req, plan, t0)
 	if warm.Claimed {
+		req.TellAdmitted(true)
 		return inst, nil
 	}
 	cold, addr, err := p.reserve(req, plan)
@@ -117,6 +118,7 @@ func (p *Provider) Create(ctx context.Context, req nodes.NodeRequest) (nodes.Ins
 	if err != nil {
 		return nodes.Instance{}, err
 	}
+	req.TellAdmitted(false) // before the clone, the data disk and qemu: seconds under load
 	log := p.log.With("cluster", req.Cluster, "node", req.Name)
 
 	var tapAdded bool
