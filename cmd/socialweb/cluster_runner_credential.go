@@ -1,16 +1,21 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/buildcache"
 	"github.com/socialweb-computer/socialweb/internal/gitlab"
+	"github.com/socialweb-computer/socialweb/internal/provider"
 )
 
 func newClusterRunnerCredentialCommand(g *globalOptions) *cobra.Command {
@@ -31,7 +36,9 @@ Without --out it prints a kubeconfig. With --out DIR it writes DIR/kubeconfig,
 DIR/ca.crt and DIR/config.template.toml, for
   gitlab-runner register --non-interactive --url URL --token TOKEN \
     --executor kubernetes --template-config DIR/config.template.toml
-The template is written for the cluster's node size and its start from zero nodes:
+With the host's build cache on (serve --build-cache, the default), the template's
+[runners.cache] names the cluster's S3 bucket on the host and its keys, so a job's
+cache: outlives its node. The template is written for the cluster's node size and its start from zero nodes:
 poll_timeout covers a node boot and image pulls, CPU and memory requests (not limits)
 fit a node so jobs pack the way the scale decision plans, output_limit, pull_policy
 if-not-present, and with --one-job-per-node a required anti-affinity between job Pods.
@@ -102,8 +109,12 @@ invalidates every token minted for it.`,
 			if err != nil {
 				return err
 			}
+			cache, err := m.buildCacheAccess(ctx, c.Name)
+			if err != nil {
+				return err
+			}
 			cred := gitlab.Credential{Grant: grant, Cluster: c.Name, Server: cfg.Host, ServerName: cfg.TLSClientConfig.ServerName,
-				Door: cfg.Host != c.Status.URL, CA: cfg.CAData, Token: token, Expires: expires}
+				Door: cfg.Host != c.Status.URL, CA: cfg.CAData, Token: token, Expires: expires, Cache: cache}
 			fmt.Fprintf(os.Stderr, "minted a token for %s in cluster %s, namespace %s, valid until %s\n",
 				grant.Username(), c.Name, grant.Namespace, expires.UTC().Format(time.RFC3339))
 			if out == "" {
@@ -117,9 +128,13 @@ invalidates every token minted for it.`,
 			if err := gitlab.WriteOutDir(out, cred, settings); err != nil {
 				return err
 			}
-			fmt.Fprintf(os.Stderr, "wrote %s, %s and %s in %s: job Pods ask for %dm CPU and %dMi each (nodes of %s), poll_timeout %s, output_limit %d KiB\n",
+			cacheNote := "no build cache (the host serves none)"
+			if cache != nil {
+				cacheNote = "build cache " + cache.Bucket + " at " + cache.Endpoint
+			}
+			fmt.Fprintf(os.Stderr, "wrote %s, %s and %s in %s: job Pods ask for %dm CPU and %dMi each (nodes of %s), poll_timeout %s, output_limit %d KiB, %s\n",
 				gitlab.KubeconfigFile, gitlab.CAFile, gitlab.TemplateFile, out,
-				settings.PodCPUMilli, (settings.PodMemory+1<<20-1)>>20, settings.Node, settings.PollTimeout, settings.LogLimitKiB)
+				settings.PodCPUMilli, (settings.PodMemory+1<<20-1)>>20, settings.Node, settings.PollTimeout, settings.LogLimitKiB, cacheNote)
 			return nil
 		},
 	}
@@ -147,4 +162,21 @@ invalidates every token minted for it.`,
 	f.StringVar(&jobs.HelperImage, "helper-image", "", "helper image the nodes pull from the host registry (${CI_RUNNER_VERSION} allowed); default: the runner's own")
 	documentEnv(f)
 	return cmd
+}
+
+// buildCacheAccess is cluster's build cache access, which the daemon keeps in a Secret
+// while it serves the cache; nil when it serves none.
+func (m *mgmtClients) buildCacheAccess(ctx context.Context, cluster string) (*buildcache.Access, error) {
+	s, err := m.kube.CoreV1().Secrets(v1.SystemNamespace).Get(ctx, provider.BuildCacheSecretName(cluster), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the build cache access of %s: %w", cluster, err)
+	}
+	a, err := buildcache.AccessFromSecret(s.Data)
+	if err != nil {
+		return nil, fmt.Errorf("the build cache access of %s: %w (restart serve to write it again)", cluster, err)
+	}
+	return &a, nil
 }

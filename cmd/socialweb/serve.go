@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -15,6 +16,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/daemon"
 	"github.com/socialweb-computer/socialweb/internal/frontdoor"
 	"github.com/socialweb-computer/socialweb/internal/layershare"
+	"github.com/socialweb-computer/socialweb/internal/nodeservice"
 	"github.com/socialweb-computer/socialweb/internal/registry"
 )
 
@@ -30,6 +32,8 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 		cpMemory  string
 		cacheSize string
 		quota     string
+
+		buildCacheBudget string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -59,7 +63,7 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 			for _, f := range []struct {
 				flag, v string
 				to      *int64
-			}{{"--image-cache-size", cacheSize, &o.ImageCacheSize}, {"--image-cluster-quota", quota, &o.ImageClusterQuota}} {
+			}{{"--image-cache-size", cacheSize, &o.ImageCacheSize}, {"--image-cluster-quota", quota, &o.ImageClusterQuota}, {"--build-cache-budget", buildCacheBudget, &o.BuildCacheBudget}} {
 				q, err := resource.ParseQuantity(f.v)
 				if err != nil || q.Sign() < 0 {
 					return usageError{errf("%s %q: want a size such as 50Gi, or 0 for none", f.flag, f.v)}
@@ -98,6 +102,8 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.DurationVar(&o.RegistryTagTTL, "registry-tag-ttl", registry.DefaultTagTTL, "how long a tag pulled from upstream is served before upstream is asked whether it moved (a digest is never asked again; a tag pushed with `socialweb image push` is never replaced)")
 	f.StringVar(&cacheSize, "image-cache-size", "50Gi", "budget of the host registry's blobs: every 5m the images pulled through that nodes used least recently are removed until it holds (never a pushed image, nor one used in the last 10m); 0 is no budget (only blobs nothing references are removed)")
 	f.StringVar(&quota, "image-cluster-quota", "10Gi", "bytes a cluster's own images (pulled with its Pods' credentials, pushed for it alone) may hold in the host registry before its nodes may pull no more with credentials; 0 is no quota")
+	f.BoolVar(&o.BuildCache, "build-cache", true, "serve each cluster an S3 build cache (GitLab Runner's [runners.cache]) on its gateway, port "+strconv.Itoa(nodeservice.BuildCachePort)+", one bucket and one key per cluster, under <state-dir>/buildcache; `cluster runner-credential` writes it into the runner's template; false serves none (and its template gets none)")
+	f.StringVar(&buildCacheBudget, "build-cache-budget", "5Gi", "bytes of objects each cluster's build cache keeps: past it, the least recently used go; 0 is the default, 5Gi")
 	f.BoolVar(&o.RegistryOffline, "registry-offline", false, "fetch from no upstream registry: nodes get only images pushed with `socialweb image push`")
 	f.StringVar(&o.NodeImage, "node-image", "", `node image directory (the "dir" that `+"`socialweb image build`"+` prints); empty keeps clusters at zero nodes`)
 	f.DurationVar(&o.NodeBootTimeout, "node-boot-timeout", 5*time.Minute, "how long a node VM may take to register its Node before it is reported on the Cluster and deleted; a registered node not yet Ready counts as capacity for as long")

@@ -47,6 +47,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -84,6 +85,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics registers the cache's metrics, if not nil.
 	Metrics prometheus.Registerer
+	// Key is the host's key each cluster's credentials derive from (LoadOrCreateKey);
+	// Access and HandlerFor need it.
+	Key []byte
+	// Off serves no cluster (the operator turned the cache off): Access says so and
+	// HandlerFor refuses, while Remove still deletes what an earlier run kept.
+	Off bool
 }
 
 // Cache is the build cache of every cluster on the host.
@@ -94,6 +101,8 @@ type Cache struct {
 	now        func() time.Time
 	log        *slog.Logger
 	metrics    *metrics
+	key        []byte
+	off        bool
 
 	mu      sync.Mutex
 	buckets map[string]*bucket // by cluster, once opened
@@ -116,7 +125,12 @@ func New(cfg Config) (*Cache, error) {
 		maxObjects: cfg.MaxObjects,
 		now:        cfg.Now,
 		log:        cfg.Logger,
+		key:        cfg.Key,
+		off:        cfg.Off,
 		buckets:    map[string]*bucket{},
+	}
+	if !c.off && len(c.key) < KeySize {
+		return nil, fmt.Errorf("build cache: a key of at least %d bytes is needed (LoadOrCreateKey), got %d", KeySize, len(c.key))
 	}
 	if c.budget == 0 {
 		c.budget = DefaultBudget
@@ -200,6 +214,38 @@ func (c *Cache) Handler(cluster, accessKey, secret string) (http.Handler, error)
 		}
 		srv.ServeHTTP(w, r)
 	}), nil
+}
+
+// Access is what a GitLab Runner's [runners.cache.s3] needs to use one cluster's cache.
+type Access struct {
+	// Endpoint is host:port, plain HTTP, where the cluster's job Pods reach the cache
+	// (ServerAddress: the runner presigns URLs there and the job's helper uses them).
+	Endpoint  string
+	Bucket    string
+	AccessKey string
+	SecretKey string
+}
+
+// On says whether the cache serves clusters.
+func (c *Cache) On() bool { return !c.off }
+
+// Access is cluster's (incarnation uid) access at endpoint; false when the cache is off.
+func (c *Cache) Access(cluster, uid, endpoint string) (Access, bool) {
+	if c.off {
+		return Access{}, false
+	}
+	ak, sk := Credentials(c.key, cluster, uid)
+	return Access{Endpoint: endpoint, Bucket: Bucket(cluster), AccessKey: ak, SecretKey: sk}, true
+}
+
+// HandlerFor is Handler with cluster's own credentials (incarnation uid); an error
+// when the cache is off.
+func (c *Cache) HandlerFor(cluster, uid string) (http.Handler, error) {
+	if c.off {
+		return nil, fmt.Errorf("build cache %s: the cache is off on this host (serve --build-cache=false)", cluster)
+	}
+	ak, sk := Credentials(c.key, cluster, uid)
+	return c.Handler(cluster, ak, sk)
 }
 
 // Usage is what cluster's cache holds: the bytes of its objects, and how many.
@@ -292,4 +338,33 @@ func (l s3Log) Print(level gofakes3.LogLevel, v ...any) {
 	case gofakes3.LogWarn:
 		l.log.Debug("build cache: s3: " + strings.TrimSpace(fmt.Sprintln(v...)))
 	}
+}
+
+// The keys of Access in a Secret's data (the management API's <cluster>-build-cache,
+// which `cluster runner-credential` reads).
+const (
+	secretEndpoint  = "endpoint"
+	secretBucket    = "bucket"
+	secretAccessKey = "accessKey"
+	secretSecretKey = "secretKey"
+)
+
+// SecretData is a as a Secret's data.
+func (a Access) SecretData() map[string][]byte {
+	return map[string][]byte{
+		secretEndpoint: []byte(a.Endpoint), secretBucket: []byte(a.Bucket),
+		secretAccessKey: []byte(a.AccessKey), secretSecretKey: []byte(a.SecretKey),
+	}
+}
+
+// AccessFromSecret reads what SecretData wrote; a key missing is an error.
+func AccessFromSecret(data map[string][]byte) (Access, error) {
+	a := Access{Endpoint: string(data[secretEndpoint]), Bucket: string(data[secretBucket]),
+		AccessKey: string(data[secretAccessKey]), SecretKey: string(data[secretSecretKey])}
+	if a.Endpoint == "" || a.Bucket == "" || a.AccessKey == "" || a.SecretKey == "" {
+		return Access{}, fmt.Errorf("build cache access: want %s, %s, %s and %s, got only %d of them filled",
+			secretEndpoint, secretBucket, secretAccessKey, secretSecretKey, len(slices.DeleteFunc(
+				[]string{a.Endpoint, a.Bucket, a.AccessKey, a.SecretKey}, func(s string) bool { return s == "" })))
+	}
+	return a, nil
 }

@@ -57,6 +57,9 @@ func newCache(t *testing.T, cfg Config) *Cache {
 	if cfg.Dir == "" {
 		cfg.Dir = t.TempDir()
 	}
+	if cfg.Key == nil {
+		cfg.Key = testKey
+	}
 	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -68,8 +71,7 @@ func newCache(t *testing.T, cfg Config) *Cache {
 // (host:port).
 func serve(t *testing.T, c *Cache, cluster string) string {
 	t.Helper()
-	ak, sk := Credentials(testKey, cluster)
-	h, err := c.Handler(cluster, ak, sk)
+	h, err := c.HandlerFor(cluster, "uid")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +95,7 @@ func client(t *testing.T, endpoint, accessKey, secret string) *minio.Client {
 
 // clusterClient is a client with cluster's own credentials.
 func clusterClient(t *testing.T, endpoint, cluster string) *minio.Client {
-	ak, sk := Credentials(testKey, cluster)
+	ak, sk := Credentials(testKey, cluster, "uid")
 	return client(t, endpoint, ak, sk)
 }
 
@@ -427,7 +429,7 @@ func TestIsolation(t *testing.T) {
 	put(t, a, Bucket("team-a"), "secret", []byte("a's cache"))
 	put(t, clusterClient(t, bEnd, "team-b"), Bucket("team-b"), "b-only", []byte("b's cache"))
 
-	aKey, aSecret := Credentials(testKey, "team-a")
+	aKey, aSecret := Credentials(testKey, "team-a", "uid")
 	refused := []struct {
 		name string
 		mc   *minio.Client
@@ -435,7 +437,7 @@ func TestIsolation(t *testing.T) {
 		{"another cluster's credentials", clusterClient(t, aEnd, "team-b")},
 		{"right key, wrong secret", client(t, aEnd, aKey, aSecret+"0")},
 		{"right key, another host key's secret", func() *minio.Client {
-			_, s := Credentials([]byte("another host key, 32 bytes long!"), "team-a")
+			_, s := Credentials([]byte("another host key, 32 bytes long!"), "team-a", "uid")
 			return client(t, aEnd, aKey, s)
 		}()},
 	}
@@ -791,5 +793,69 @@ func assertNoTemporaries(t *testing.T, dir string) {
 		if strings.HasPrefix(e.Name(), ".") {
 			t.Errorf("temporary file left: %s", e.Name())
 		}
+	}
+}
+
+// The operator's switch and the key: off serves nothing and says so; on needs a key and
+// gives each cluster an Access its handler accepts.
+func TestOnOffAndAccess(t *testing.T) {
+	tests := []struct {
+		name    string
+		cfg     Config
+		newErr  string
+		on      bool
+		handler string // error HandlerFor gives, "" for none
+	}{
+		{"on", Config{Key: testKey}, "", true, ""},
+		{"on without a key", Config{Key: []byte{}}, "a key of at least 32 bytes is needed", false, ""},
+		{"off", Config{Key: testKey, Off: true}, "", false, "the cache is off on this host"},
+		{"off needs no key", Config{Key: []byte{}, Off: true}, "", false, "the cache is off on this host"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.cfg.Dir = t.TempDir()
+			c, err := New(tt.cfg)
+			if tt.newErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.newErr) {
+					t.Fatalf("New: %v, want an error saying %q", err, tt.newErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.On() != tt.on {
+				t.Errorf("On() = %v, want %v", c.On(), tt.on)
+			}
+			a, ok := c.Access("ci", "uid", "10.250.1.1:5001")
+			if ok != tt.on {
+				t.Fatalf("Access ok = %v, want %v", ok, tt.on)
+			}
+			h, err := c.HandlerFor("ci", "uid")
+			if tt.handler != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.handler) {
+					t.Fatalf("HandlerFor: %v, want an error saying %q", err, tt.handler)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.Endpoint != "10.250.1.1:5001" || a.Bucket != Bucket("ci") {
+				t.Errorf("Access = %+v, want the endpoint given and bucket %s", a, Bucket("ci"))
+			}
+			srv := httptest.NewServer(h)
+			defer srv.Close()
+			ctx := context.Background()
+			mc := client(t, strings.TrimPrefix(srv.URL, "http://"), a.AccessKey, a.SecretKey)
+			if _, err := mc.PutObject(ctx, a.Bucket, "k", bytes.NewReader([]byte("v")), 1, minio.PutObjectOptions{}); err != nil {
+				t.Errorf("a PUT with the cluster's Access: %v", err)
+			}
+			// Another incarnation of the cluster (deleted, made again) is refused.
+			b, _ := c.Access("ci", "uid-2", "")
+			if _, err := client(t, strings.TrimPrefix(srv.URL, "http://"), b.AccessKey, b.SecretKey).StatObject(ctx, a.Bucket, "k", minio.StatObjectOptions{}); err == nil {
+				t.Error("a later cluster of the same name read the object with its own Access")
+			}
+		})
 	}
 }

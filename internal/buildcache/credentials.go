@@ -16,13 +16,14 @@ import (
 // KeySize is the size of a key LoadOrCreateKey makes, and the least it accepts.
 const KeySize = 32
 
-// Credentials are cluster's access key and secret, derived from the host's key so that
-// whatever holds the key file (the daemon serving the cache, the CLI writing a runner's
-// configuration) finds the same pair without storing one per cluster. Knowing one
-// cluster's secret tells nothing of another's.
-func Credentials(key []byte, cluster string) (accessKey, secret string) {
+// Credentials are the access key and secret of cluster in its incarnation uid (its
+// object's UID), derived from the host's key so that the daemon finds the same pair
+// after a restart without storing one per cluster. Knowing one cluster's secret tells
+// nothing of another's, and a cluster deleted and made again under its name gets a new
+// secret: a runner configuration written for the old one opens nothing.
+func Credentials(key []byte, cluster, uid string) (accessKey, secret string) {
 	mac := hmac.New(sha256.New, key)
-	mac.Write([]byte("buildcache/" + cluster))
+	mac.Write([]byte("buildcache/" + cluster + "/" + uid))
 	return "sw-" + cluster, hex.EncodeToString(mac.Sum(nil))
 }
 

@@ -11,7 +11,7 @@ import (
 func TestCredentials(t *testing.T) {
 	k1 := []byte("host key one, thirty-two bytes..")
 	k2 := []byte("host key two, thirty-two bytes..")
-	ak, sk := Credentials(k1, "ci")
+	ak, sk := Credentials(k1, "ci", "uid-1")
 	if ak != "sw-ci" || len(sk) != 64 {
 		t.Errorf("Credentials = %q, %q; want sw-ci and 64 hex characters", ak, sk)
 	}
@@ -19,15 +19,17 @@ func TestCredentials(t *testing.T) {
 		name    string
 		key     []byte
 		cluster string
+		uid     string
 		same    bool
 	}{
-		{"same key and cluster", k1, "ci", true},
-		{"another cluster", k1, "cj", false},
-		{"another host key", k2, "ci", false},
+		{"same key and cluster", k1, "ci", "uid-1", true},
+		{"another cluster", k1, "cj", "uid-1", false},
+		{"the cluster made again", k1, "ci", "uid-2", false},
+		{"another host key", k2, "ci", "uid-1", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, s := Credentials(tt.key, tt.cluster)
+			_, s := Credentials(tt.key, tt.cluster, tt.uid)
 			if (s == sk) != tt.same {
 				t.Errorf("secret %s against %s: same %v, want %v", s, sk, s == sk, tt.same)
 			}
@@ -89,6 +91,30 @@ func TestLoadOrCreateKey(t *testing.T) {
 			}
 			if left, _ := os.ReadDir(filepath.Dir(path)); len(left) != 1 {
 				t.Errorf("files left: %v", left)
+			}
+		})
+	}
+}
+
+func TestAccessSecretRoundTrip(t *testing.T) {
+	a := Access{Endpoint: "10.250.1.1:5001", Bucket: "sw-ci", AccessKey: "sw-ci", SecretKey: "00ff"}
+	tests := []struct {
+		name string
+		data map[string][]byte
+		want string // error, "" for a.
+	}{
+		{"whole", a.SecretData(), ""},
+		{"no secret key", func() map[string][]byte { d := a.SecretData(); delete(d, "secretKey"); return d }(), "got only 3 of them filled"},
+		{"empty", nil, "got only 0 of them filled"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := AccessFromSecret(tt.data)
+			switch {
+			case tt.want == "" && (err != nil || got != a):
+				t.Errorf("AccessFromSecret = %+v, %v; want %+v", got, err, a)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("AccessFromSecret = %v, want an error saying %q", err, tt.want)
 			}
 		})
 	}

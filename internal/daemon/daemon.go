@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/buildcache"
 	"github.com/socialweb-computer/socialweb/internal/cgroup"
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
 	"github.com/socialweb-computer/socialweb/internal/datastore"
@@ -86,6 +87,11 @@ type Options struct {
 	// each cluster's own images (0 none).
 	ImageCacheSize    int64
 	ImageClusterQuota int64
+	// BuildCache serves each cluster an S3 build cache on its gateway
+	// (nodeservice.BuildCachePort); BuildCacheBudget is each cluster's bytes (0:
+	// buildcache.DefaultBudget).
+	BuildCache       bool
+	BuildCacheBudget int64
 	// NodeImage is a built node image directory; empty keeps clusters at
 	// zero nodes.
 	NodeImage string
@@ -458,6 +464,11 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		}
 	}
 
+	cache, err := openBuildCache(v, reg, log)
+	if err != nil {
+		return err
+	}
+
 	var (
 		networks provider.Networks
 		nets     *nodenet.Manager
@@ -483,7 +494,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, TCGGuestASLR: v.TCGGuestASLR, BootTimeout: v.NodeBootTimeout,
 			SharedLayers: v.SharedLayers, Executable: v.Executable, WarmPool: v.WarmPool, WarmPoolShape: warmPoolShape(v.Defaults),
 			WarmPoolPrewarm: v.WarmPoolPrewarm, WarmPoolRefillDelay: v.WarmPoolRefillDelay, Upstream: v.upstream,
-			ImageCacheSize: v.ImageCacheSize, ClusterQuota: v.ImageClusterQuota, Cgroups: v.cgroups},
+			ImageCacheSize: v.ImageCacheSize, ClusterQuota: v.ImageClusterQuota, Cgroups: v.cgroups, BuildCache: cache},
 		nodeservice.Deps{Networks: nets, Plan: plan, Status: provider.ScaleStatus{Client: dyn}, Metrics: reg, Log: log})
 	if err != nil {
 		return err
@@ -510,6 +521,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		FrontDoor:    door,
 		Cgroups:      v.cgroups,
 		Domain:       v.FrontDoorDomain,
+		BuildCache:   cache,
 	}, log.With("component", "provider"), dyn, kube, v.store, sup)
 	reg.MustRegister(prov.Collector())
 	reg.MustRegister(prov.SleepCollectors()...)
@@ -523,6 +535,27 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	}
 	log.Info("serving", "managementAPI", restCfg.Host, "kubeconfig", mgmt, "datastore", v.store.Describe(), "portRange", v.ports.String())
 	return prov.Run(ctx)
+}
+
+// openBuildCache opens the host's build cache under the state dir, its key made on
+// first use. Off, it still opens: a deleted cluster's objects are removed whatever
+// the switch says now.
+func openBuildCache(v validated, reg prometheus.Registerer, log *slog.Logger) (*buildcache.Cache, error) {
+	var key []byte
+	if v.BuildCache {
+		k, err := buildcache.LoadOrCreateKey(filepath.Join(v.StateDir, "buildcache.key"))
+		if err != nil {
+			return nil, fmt.Errorf("the build cache's key: %w (serve --build-cache=false runs without a cache)", err)
+		}
+		key = k
+	}
+	cache, err := buildcache.New(buildcache.Config{Dir: filepath.Join(v.StateDir, "buildcache"), Budget: v.BuildCacheBudget,
+		Key: key, Off: !v.BuildCache, Metrics: reg, Logger: log.With("component", "buildcache")})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("build cache", "on", cache.On(), "budgetPerCluster", v.BuildCacheBudget, "port", nodeservice.BuildCachePort)
+	return cache, nil
 }
 
 // reapStale kills control planes an earlier daemon left running; they are

@@ -10,6 +10,8 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/socialweb-computer/socialweb/internal/buildcache"
+
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -28,6 +30,8 @@ type Credential struct {
 	ServerName string
 	// Door: Server is the front door, not the cluster's own port.
 	Door bool
+	// Cache is the cluster's build cache on the host; nil when the host serves none.
+	Cache *buildcache.Access
 }
 
 // Kubeconfig is a kubeconfig with the CA and token embedded and the runner's namespace
@@ -97,6 +101,29 @@ func (c Credential) RunnerTemplate(caFile string, s Settings) ([]byte, error) {
 		"\"no nodes available to schedule pods\" until the node is up.")
 	w.line(1, "[runners.feature_flags]")
 	w.line(2, "FF_PRINT_POD_EVENTS = true")
+	if a := c.Cache; a != nil {
+		w.comment(1, "GitLab's cache (a job's `cache:`) is socialweb's build cache for cluster %s: an S3 bucket on\n"+
+			"the host that outlives each job's node. The runner presigns each archive's URL with these\n"+
+			"keys, without a request of its own (BucketLocation is set), and the job's helper downloads and\n"+
+			"uploads it from the job Pod, which reaches ServerAddress on its cluster's gateway; no other\n"+
+			"cluster's Pods can, and these keys open this cluster's bucket alone. Shared: every runner\n"+
+			"registered with this template shares it. Past the host's budget per cluster (serve\n"+
+			"--build-cache-budget, 5Gi by default) the least recently used archives go. Plain HTTP: the\n"+
+			"traffic stays on the cluster's own bridge, and each URL is signed.", c.Cluster)
+		w.line(1, "[runners.cache]")
+		w.str(2, "Type", "s3")
+		w.line(2, "Shared = true")
+		w.line(2, "[runners.cache.s3]")
+		w.str(3, "ServerAddress", a.Endpoint)
+		w.str(3, "AccessKey", a.AccessKey)
+		w.str(3, "SecretKey", a.SecretKey)
+		w.str(3, "BucketName", a.Bucket)
+		w.str(3, "BucketLocation", "us-east-1")
+		w.line(3, "Insecure = true")
+	} else {
+		w.comment(1, "No [runners.cache]: the host serves no build cache (serve --build-cache=false), so a job's\n"+
+			"`cache:` is kept nowhere and each job starts without it.")
+	}
 	w.line(1, "[runners.kubernetes]")
 	switch {
 	case c.ServerName != "" && !c.Door:

@@ -15,6 +15,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/socialweb-computer/socialweb/internal/buildcache"
 )
 
 // newCluster is a fake tenant whose namespaces get their "default" ServiceAccount on
@@ -255,6 +257,7 @@ func credential() Credential {
 		CA:      []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"),
 		Token:   "eyJhbGciOi.payload.sig",
 		Expires: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC),
+		Cache:   &buildcache.Access{Endpoint: "10.250.1.1:5001", Bucket: "sw-ci", AccessKey: "sw-ci", SecretKey: "5ec7e7"},
 	}
 }
 

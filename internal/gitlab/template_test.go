@@ -150,6 +150,17 @@ func runnerReference() map[string]setting {
 		"pre_build_script": of(kString), "post_build_script": of(kString),
 		"feature_flags": of(kBoolTable),
 		"kubernetes":    table(kubernetesSettings),
+		// CacheConfig and CacheS3Config: CamelCase keys, as the runner declares them.
+		"cache": table(map[string]setting{
+			"Type": of(kString), "Path": of(kString), "Shared": of(kBool), "MaxUploadedArchiveSize": of(kInt),
+			"s3": table(map[string]setting{
+				"ServerAddress": of(kString), "AccessKey": of(kString), "SecretKey": of(kString), "SessionToken": of(kString),
+				"BucketName": of(kString), "BucketLocation": of(kString), "Insecure": of(kBool),
+				"AuthenticationType": of(kString), "ServerSideEncryption": of(kString), "ServerSideEncryptionKeyID": of(kString),
+				"DualStack": of(kBool), "PathStyle": of(kBool), "Accelerate": of(kBool), "RoleARN": of(kString),
+			}),
+			"gcs": of(kTable), "azure": of(kTable),
+		}),
 	}
 }
 
@@ -367,6 +378,25 @@ func TestTemplateKeysAreGitLabRunnerSettings(t *testing.T) {
 		{"defaults on 1 vCPU, 1Gi", func(t *testing.T) string { return template(t, DefaultJobOptions(), node(1, "1Gi")) }, ""},
 		{"every option, 2 vCPU, 2Gi", func(t *testing.T) string { return template(t, everything(), node(2, "2Gi")) }, ""},
 		{"no service requests", func(t *testing.T) string { return template(t, noServices, node(4, "8Gi")) }, ""},
+		{"no build cache", func(t *testing.T) string {
+			c := credential()
+			c.Cache = nil
+			s, err := DefaultJobOptions().ForNode("ci", node(1, "1Gi"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := c.RunnerTemplate("/etc/gitlab-runner/ci/ca.crt", s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(b), "[runners.cache]\n") {
+				t.Errorf("a template without a cache has [runners.cache]:\n%s", b)
+			}
+			return string(b)
+		}, ""},
+		{"a misspelt cache key", func(t *testing.T) string {
+			return strings.Replace(template(t, DefaultJobOptions(), node(1, "1Gi")), "BucketName =", "Bucket =", 1)
+		}, "runners.cache.s3.Bucket: not a GitLab Runner setting"},
 		// The checker itself: each row breaks one thing it must catch.
 		{"a misspelt key", func(t *testing.T) string {
 			return strings.Replace(template(t, DefaultJobOptions(), node(1, "1Gi")), "poll_timeout =", "poll_timout =", 1)
@@ -439,7 +469,10 @@ func TestTemplateValues(t *testing.T) {
 		{"defaults on 1 vCPU, 1Gi: one job Pod fills a node", func(*JobOptions) {}, node(1, "1Gi"), want{
 			"runners.executor": "kubernetes", "runners.output_limit": int64(51200),
 			"runners.feature_flags": map[string]any{"FF_PRINT_POD_EVENTS": true},
-			"poll_timeout":          int64(600), "poll_interval": int64(5), "pull_policy": "if-not-present",
+			"runners.cache": map[string]any{"Type": "s3", "Shared": true, "s3": map[string]any{
+				"ServerAddress": "10.250.1.1:5001", "AccessKey": "sw-ci", "SecretKey": "5ec7e7", "BucketName": "sw-ci",
+				"BucketLocation": "us-east-1", "Insecure": true}},
+			"poll_timeout": int64(600), "poll_interval": int64(5), "pull_policy": "if-not-present",
 			"cpu_request": "800m", "memory_request": "576Mi",
 			"helper_cpu_request": "100m", "helper_memory_request": "128Mi",
 			"service_cpu_request": "100m", "service_memory_request": "128Mi",
@@ -448,7 +481,7 @@ func TestTemplateValues(t *testing.T) {
 		}, []string{"1 vCPU and 1Gi", "one job Pod per node, with up to one service:",
 			"CPU: build 800m + helper 100m + 1 × service 100m = 1000m of the node's 1000m.",
 			"Memory: build 576Mi + helper 128Mi + 1 × service 128Mi = 832Mi of the node's 832Mi.",
-			"helper_cpu_limit = 1 alone", "2.1 CPU", "4 MiB", "--node-boot-timeout (5m0s", "180 s", "--log-limit", "--poll-timeout",
+			"helper_cpu_limit = 1 alone", "2.1 CPU", "build cache for cluster ci", "--build-cache-budget", "4 MiB", "--node-boot-timeout (5m0s", "180 s", "--log-limit", "--poll-timeout",
 			"--job-cpu, --job-memory", "--helper-image"}},
 		{"2 vCPU, 2Gi", func(*JobOptions) {}, node(2, "2Gi"), want{
 			"cpu_request": "1800m", "memory_request": "1536Mi",

@@ -18,6 +18,8 @@ import (
 type Served struct {
 	APIServer int // the tenant apiserver: the cluster's leased port
 	Registry  int // the host registry (nodeservice.RegistryPort); 0: none
+	// BuildCache is the host's build cache (nodeservice.BuildCachePort); 0: none.
+	BuildCache int
 	// Extra are TCP ports the operator opened on every gateway for a service of
 	// its own on the host (EgressPolicy.HostTCP).
 	Extra []int
@@ -33,14 +35,19 @@ func (s Served) check() error {
 	if s.Registry < 0 || s.Registry > 65535 {
 		return fmt.Errorf("registry port %d outside 1-65535 (0: none)", s.Registry)
 	}
+	if s.BuildCache < 0 || s.BuildCache > 65535 {
+		return fmt.Errorf("build cache port %d outside 1-65535 (0: none)", s.BuildCache)
+	}
 	return nil
 }
 
 // tcpPorts are the gateway's TCP ports open to the bridge, sorted, each once.
 func (s Served) tcpPorts() []int {
 	ports := append([]int{DNSPort, s.APIServer}, s.Extra...)
-	if s.Registry != 0 {
-		ports = append(ports, s.Registry)
+	for _, p := range []int{s.Registry, s.BuildCache} {
+		if p != 0 {
+			ports = append(ports, p)
+		}
 	}
 	slices.Sort(ports)
 	return slices.Compact(ports)

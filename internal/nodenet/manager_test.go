@@ -139,6 +139,7 @@ func TestEnsureCommands(t *testing.T) {
 		{"a plan not made by ForIndex", Plan{Index: 3}, testServed(), EgressPolicy{}},
 		{"no apiserver port", plan(t, 3), Served{Registry: 5000}, EgressPolicy{}},
 		{"a port past 65535", plan(t, 3), Served{APIServer: 70000}, EgressPolicy{}},
+		{"a build cache port past 65535", plan(t, 3), Served{APIServer: 7501, BuildCache: 70000}, EgressPolicy{}},
 		{"an egress mode ParseEgress refuses", plan(t, 3), testServed(), EgressPolicy{Mode: "lan"}},
 		{"an IPv6 range", plan(t, 3), testServed(), EgressPolicy{Allow: []netip.Prefix{netip.MustParsePrefix("fd00::/8")}}},
 		{"a range with host bits", plan(t, 3), testServed(), EgressPolicy{Deny: []netip.Prefix{netip.MustParsePrefix("10.1.2.3/8")}}},
@@ -302,6 +303,10 @@ func TestRulesetPolicies(t *testing.T) {
 			want: []string{"tcp dport { 53, 7501 } accept"}, wantNot: []string{"5000"}},
 		{name: "an apiserver port below DNS's and the registry's, each once", served: Served{APIServer: 53, Registry: 5000},
 			want: []string{"tcp dport { 53, 5000 } accept"}},
+		{name: "the build cache beside the registry", served: Served{APIServer: 7501, Registry: 5000, BuildCache: 5001},
+			want: []string{"tcp dport { 53, 5000, 5001, 7501 } accept"}},
+		{name: "the build cache off", served: testServed(),
+			want: []string{"tcp dport { 53, 5000, 7501 } accept"}, wantNot: []string{"5001"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs := Ruleset("c1", plan(t, 3), tc.served, tc.egress, tc.hostNets)

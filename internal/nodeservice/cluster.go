@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -23,9 +24,21 @@ import (
 // the cluster's gateway address.
 const RegistryPort = 5000
 
+// BuildCachePort is where the host's build cache (S3) serves each cluster's job
+// Pods, on the cluster's gateway address.
+const BuildCachePort = 5001
+
+// BuildCacheAddr is where cluster's nodes reach the build cache: its gateway.
+func BuildCacheAddr(plan nodenet.Plan) string {
+	return net.JoinHostPort(plan.Gateway.String(), strconv.Itoa(BuildCachePort))
+}
+
 // Cluster is what a cluster's node services need.
 type Cluster struct {
-	Name     string
+	Name string
+	// UID is the Cluster object's: the incarnation its build cache credentials are
+	// derived for.
+	UID      string
 	Tenant   kubernetes.Interface // admin client of the tenant
 	Minter   join.Minter
 	NodeSize scale.NodeSize
@@ -46,6 +59,9 @@ type Cluster struct {
 	// (gateway:53): their own lookups and every name their cluster DNS forwards.
 	// Empty serves none.
 	DNSAddr string
+	// BuildCacheAddr is where the build cache serves this cluster's job Pods (its
+	// gateway address); the Host's BuildCache, if on, serves there.
+	BuildCacheAddr string
 }
 
 // ClusterFrom assembles a Ready cluster's node services from its object, its
@@ -92,6 +108,7 @@ func clusterOf(c *v1.Cluster, l lease.Lease, tenant kubernetes.Interface, ca, cl
 	s := c.Spec
 	return Cluster{
 		Name:   c.Name,
+		UID:    string(c.UID),
 		Tenant: tenant,
 		Minter: join.Minter{
 			Tenant: tenant, APIServer: fmt.Sprintf("https://%s:%d", gw, l.Port), CACert: ca, ClientCA: clientCA, Plan: plan,
@@ -112,5 +129,6 @@ func clusterOf(c *v1.Cluster, l lease.Lease, tenant kubernetes.Interface, ca, cl
 		IdleSchedule:    s.IdleSchedule,
 		RegistryAddr:    fmt.Sprintf("%s:%d", gw, RegistryPort),
 		DNSAddr:         net.JoinHostPort(gw, "53"),
+		BuildCacheAddr:  BuildCacheAddr(plan),
 	}, nil
 }

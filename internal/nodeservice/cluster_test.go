@@ -38,7 +38,7 @@ func TestClusterOf(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tenant := kubefake.NewSimpleClientset()
-			c := &v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "ci"}, Spec: tc.spec}
+			c := &v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "ci", UID: "uid-ci"}, Spec: tc.spec}
 			got, err := clusterOf(c, lease.Lease{Port: 6500, Network: 7}, tenant, []byte("CA"), []byte("CLIENT CA"))
 			if err != nil {
 				t.Fatal(err)
@@ -46,7 +46,7 @@ func TestClusterOf(t *testing.T) {
 			if got.NodeSize != tc.wantSize || got.MaxNodeSize != tc.wantMax {
 				t.Errorf("sizes = %+v .. %+v, want %+v .. %+v", got.NodeSize, got.MaxNodeSize, tc.wantSize, tc.wantMax)
 			}
-			if got.Name != "ci" || got.MaxNodes != 3 || got.Hold != 2*time.Minute || got.Tenant != tenant {
+			if got.Name != "ci" || got.UID != "uid-ci" || got.MaxNodes != 3 || got.Hold != 2*time.Minute || got.Tenant != tenant {
 				t.Errorf("cluster = %+v", got)
 			}
 			m := got.Minter
@@ -54,8 +54,8 @@ func TestClusterOf(t *testing.T) {
 				string(m.CACert) != "CA" || string(m.ClientCA) != "CLIENT CA" || m.Tenant != tenant {
 				t.Errorf("minter = %+v", m)
 			}
-			if got.RegistryAddr != "10.250.7.1:5000" || got.DNSAddr != "10.250.7.1:53" {
-				t.Errorf("registry %s, DNS %s: want them on the gateway", got.RegistryAddr, got.DNSAddr)
+			if got.RegistryAddr != "10.250.7.1:5000" || got.DNSAddr != "10.250.7.1:53" || got.BuildCacheAddr != "10.250.7.1:5001" {
+				t.Errorf("registry %s, DNS %s, build cache %s: want them on the gateway", got.RegistryAddr, got.DNSAddr, got.BuildCacheAddr)
 			}
 		})
 	}

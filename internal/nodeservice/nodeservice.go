@@ -22,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/socialweb-computer/socialweb/internal/buildcache"
 	"github.com/socialweb-computer/socialweb/internal/ccm"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
@@ -54,6 +55,9 @@ type Host struct {
 	// PullFailures, if set, says why the registry last refused a cluster's nodes an
 	// image; each cluster's Pods stuck pulling it get an Event saying so.
 	PullFailures func(cluster, image string) (registry.PullFailure, bool)
+	// BuildCache, if set and on, serves each cluster's build cache (S3) on its
+	// gateway at BuildCacheAddr, with that cluster's credentials only.
+	BuildCache *buildcache.Cache
 
 	provider nodes.NodeProvider
 	joiners  *Joiners
@@ -114,7 +118,16 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 	var wg sync.WaitGroup
 	if h.registry != nil && c.RegistryAddr != "" {
 		wg.Add(1)
-		go func() { defer wg.Done(); h.serveRegistry(ctx, c.Name, c.RegistryAddr) }()
+		go func() { defer wg.Done(); h.serveHTTP(ctx, c.Name, "registry", c.RegistryAddr, h.registry(c.Name)) }()
+	}
+	if h.BuildCache != nil && h.BuildCache.On() && c.BuildCacheAddr != "" {
+		cache, err := h.BuildCache.HandlerFor(c.Name, c.UID)
+		if err != nil {
+			h.log.Error("build cache not served", "cluster", c.Name, "err", err)
+		} else {
+			wg.Add(1)
+			go func() { defer wg.Done(); h.serveHTTP(ctx, c.Name, "build cache", c.BuildCacheAddr, cache) }()
+		}
 	}
 	if c.DNSAddr != "" {
 		wg.Add(1)
@@ -158,9 +171,9 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 	return nil
 }
 
-// serveRegistry serves the host registry on a cluster's gateway address;
+// serveHTTP serves handler (what names it in the log) on a cluster's gateway address;
 // the bridge may appear after the cluster starts, so the bind is retried.
-func (h *Host) serveRegistry(ctx context.Context, cluster, addr string) {
+func (h *Host) serveHTTP(ctx context.Context, cluster, what, addr string, handler http.Handler) {
 	for ctx.Err() == nil {
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
@@ -170,9 +183,9 @@ func (h *Host) serveRegistry(ctx context.Context, cluster, addr string) {
 			}
 			continue
 		}
-		srv := &http.Server{Handler: h.registry(cluster), ReadHeaderTimeout: 10 * time.Second}
+		srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 		go func() { <-ctx.Done(); _ = srv.Close() }()
-		h.log.Info("registry serving the cluster's nodes", "cluster", cluster, "address", addr)
+		h.log.Info(what+" serving the cluster's nodes", "cluster", cluster, "address", addr)
 		_ = srv.Serve(l)
 		return
 	}

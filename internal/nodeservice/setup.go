@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/socialweb-computer/socialweb/internal/buildcache"
 	"github.com/socialweb-computer/socialweb/internal/cgroup"
 	"github.com/socialweb-computer/socialweb/internal/images"
 	"github.com/socialweb-computer/socialweb/internal/layershare"
@@ -69,6 +70,8 @@ type Config struct {
 	ClusterQuota   int64
 	// Cgroups holds each VM's qemu in a group of its own (qemu.Config.Cgroups); nil none.
 	Cgroups *cgroup.Hierarchy
+	// BuildCache, if on, is served to each cluster on its gateway (Host.BuildCache).
+	BuildCache *buildcache.Cache
 }
 
 // GCInterval is how often the registry is garbage collected.
@@ -159,6 +162,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 	host := New(qp, joiners, rs.NodeHandlerFor, deps.Status, deps.Metrics, log.With("component", "nodes"))
 	host.BootTimeout = cfg.BootTimeout
 	host.PullFailures = rs.LastFailure
+	host.BuildCache = cfg.BuildCache
 	nets := deps.Networks
 	host.PodRoutes = func(c Cluster) podroutes.Table { return clusterRoutes{nets, c.Minter.Plan} }
 	return host, nil

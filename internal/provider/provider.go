@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/buildcache"
 	"github.com/socialweb-computer/socialweb/internal/cgroup"
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
 	"github.com/socialweb-computer/socialweb/internal/datastore"
@@ -94,6 +95,10 @@ type Config struct {
 	// serving certificate carries, its admin kubeconfig sends, and a
 	// sleeping cluster wakes for. "" is frontdoor.DefaultDomain.
 	Domain string
+	// BuildCache is the host's build cache: when on, each cluster's nodes may open
+	// its port on their gateway and its access is kept in a Secret for runner
+	// credentials; on or off, a deleted cluster's cache goes. nil: none.
+	BuildCache *buildcache.Cache
 }
 
 // Networks is the part of nodenet.Manager the provider uses.
@@ -586,6 +591,9 @@ func (p *Provider) provision(ctx context.Context, c *v1.Cluster, l lease.Lease) 
 	if err := p.writeAdminKubeconfig(ctx, c, cfg.PKI(), cfg.URL()); err != nil {
 		return err
 	}
+	if err := p.writeBuildCacheAccess(ctx, c, plan); err != nil {
+		return err
+	}
 	p.setPrepared(c.Name, true)
 	return nil
 }
@@ -772,8 +780,13 @@ func (p *Provider) ensureNetwork(ctx context.Context, cluster string, l lease.Le
 		return err
 	}
 	// Nodes dial the apiserver on the gateway at the cluster's leased port
-	// (join.Minter.APIServer) and the registry at RegistryPort.
-	return p.cfg.NodeNetworks.Ensure(ctx, cluster, plan, nodenet.Served{APIServer: l.Port, Registry: nodeservice.RegistryPort})
+	// (join.Minter.APIServer), the registry at RegistryPort, and job Pods the build
+	// cache at BuildCachePort.
+	served := nodenet.Served{APIServer: l.Port, Registry: nodeservice.RegistryPort}
+	if p.cfg.BuildCache != nil && p.cfg.BuildCache.On() {
+		served.BuildCache = nodeservice.BuildCachePort
+	}
+	return p.cfg.NodeNetworks.Ensure(ctx, cluster, plan, served)
 }
 
 // removeNetwork deletes the cluster's node network (bridge, addresses, rules),
@@ -809,6 +822,9 @@ func (p *Provider) removeData(ctx context.Context, c *v1.Cluster) error {
 		return err
 	}
 	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := p.removeBuildCache(ctx, c.Name); err != nil {
 		return err
 	}
 	err = p.kube.CoreV1().Secrets(v1.SystemNamespace).Delete(ctx, AdminSecretName(c.Name), metav1.DeleteOptions{})
