@@ -223,13 +223,30 @@ func waitEvent(t *testing.T, ctx context.Context, k kubernetes.Interface, pod, r
 // value no other image holds, so a Pod that prints it ran this image.
 func testImage(t *testing.T, ctx context.Context, what string) (ggcr.Image, string) {
 	t.Helper()
+	base := busyboxImage(t, ctx)
+	token := fmt.Sprintf("%s-%d", what, time.Now().UnixNano())
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: "token", Mode: 0o644, Size: int64(len(token)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)})
+	tw.Write([]byte(token))
+	tw.Close()
+	out, err := mutate.AppendLayers(base, static.NewLayer(buf.Bytes(), types.OCIUncompressedLayer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out, token
+}
+
+// busyboxImage is the busybox image socialweb builds from Debian's busybox-static, as a
+// base to add test layers to.
+func busyboxImage(t *testing.T, ctx context.Context) ggcr.Image {
+	t.Helper()
 	tarPath, _, err := images.Build(ctx, images.Busybox, images.Options{})
 	if err != nil {
 		t.Fatalf("building busybox: %v", err)
 	}
 	dir := t.TempDir()
 	if err := applyLayer(tarPath, dir); err != nil { // an OCI layout tar: plain files
-
 		t.Fatal(err)
 	}
 	idx, err := layout.ImageIndexFromPath(dir)
@@ -244,15 +261,5 @@ func testImage(t *testing.T, ctx context.Context, what string) (ggcr.Image, stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	token := fmt.Sprintf("%s-%d", what, time.Now().UnixNano())
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	tw.WriteHeader(&tar.Header{Name: "token", Mode: 0o644, Size: int64(len(token)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)})
-	tw.Write([]byte(token))
-	tw.Close()
-	out, err := mutate.AppendLayers(base, static.NewLayer(buf.Bytes(), types.OCIUncompressedLayer))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out, token
+	return base
 }
