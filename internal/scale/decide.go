@@ -77,6 +77,7 @@ func Decide(o Observed) (Decision, error) {
 		Need:             s.known + s.newCount + extra,
 		NotProvisionable: res.notProvisionable,
 		Unfit:            res.unfit,
+		WaitFor:          res.waitFor,
 		PendingSince:     res.pendingSince.Time,
 		IdleSince:        map[string]time.Time{},
 	}

@@ -3,6 +3,7 @@ package scale
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 )
 
@@ -331,5 +333,39 @@ func TestDecideDoesNotModifyInput(t *testing.T) {
 	}
 	if after := fmt.Sprintf("%+v %+v %+v %v", *o.Pods[0], *o.Nodes[0], *o.Jobs[0], o.IdleSince); after != before {
 		t.Errorf("input changed:\n%s\n%s", before, after)
+	}
+}
+
+// A Pod the simulation puts on a machine still booting waits for that machine, and says
+// so; one on a registered node, one a new node is booted for, and a workload's Pod not
+// created yet wait for none.
+func TestWaitFor(t *testing.T) {
+	ref := func(name string) Ref {
+		return Ref{Kind: "Pod", Namespace: "default", Name: name, UID: types.UID("uid-" + name)}
+	}
+	tests := []struct {
+		name string
+		o    Observed
+		want map[Ref]string
+	}{
+		{"pending pods on a booting node", obs(pods(pod("a"), pod("b")), func(o *Observed) { o.Booting = []string{"b1"} }),
+			map[Ref]string{ref("a"): "b1", ref("b"): "b1"}},
+		{"a pending pod on a registered node", obs(pods(pod("a")), nodes(node("n1"))), nil},
+		{"a pending pod and no node", obs(pods(pod("a"))), nil},
+		{"a job's pod not created yet", obs(func(o *Observed) {
+			o.Jobs = append(o.Jobs, job("build"))
+			o.Booting = []string{"b1"}
+		}), nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := Decide(tt.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !maps.Equal(d.WaitFor, tt.want) {
+				t.Errorf("WaitFor = %v, want %v", d.WaitFor, tt.want)
+			}
+		})
 	}
 }

@@ -281,6 +281,9 @@ type Decision struct {
 	// New is each node to boot (Target-Current of them, Provision only): its size and
 	// what the simulation placed on it.
 	New []NewNode
+	// WaitFor are the Pods the simulation put on a machine still booting (in Booting):
+	// no node is booted for them, they wait for that one.
+	WaitFor map[Ref]string
 	// PendingSince is the creation time of the oldest real Pod among Unplaced (zero if
 	// none): the start of the pending-to-provision latency.
 	PendingSince time.Time

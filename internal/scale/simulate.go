@@ -487,6 +487,7 @@ type placement struct {
 	notProvisionable []string
 	unfit            []Unfit
 	pendingSince     metav1.Time
+	waitFor          map[Ref]string // Pods put on a booting node: that node
 }
 
 func (res *placement) refuse(d *demand, v *verdict) {
@@ -517,6 +518,12 @@ next:
 		for _, n := range s.nodes[:s.known] {
 			if s.fits(d, n) {
 				s.put(d, n)
+				if !n.existing && !d.synthetic {
+					if res.waitFor == nil {
+						res.waitFor = map[Ref]string{}
+					}
+					res.waitFor[d.ref] = n.name
+				}
 				continue next
 			}
 		}

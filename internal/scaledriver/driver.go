@@ -201,6 +201,8 @@ type Driver struct {
 	// for, until it joins or fails, so a failure is told to them.
 	forMu     sync.Mutex
 	bootedFor map[string][]scale.Ref
+	// waitTold are the Pods told they wait for a machine already booting, and which.
+	waitTold map[scale.Ref]string
 
 	lifeMu  sync.Mutex
 	started bool

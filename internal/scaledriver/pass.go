@@ -57,6 +57,7 @@ func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
 		d.waiting = waits
 	}
 	d.reportPods(ctx, dec)
+	d.tellWaiting(ctx, dec, o.BootingSizes)
 	d.reportIdle(ctx, dec)
 	if err != nil {
 		d.metrics.failed(d.cfg.Cluster, dec, dec.Current)

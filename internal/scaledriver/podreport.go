@@ -142,6 +142,41 @@ func (d *Driver) tellBooting(ctx context.Context, name string, node scale.NewNod
 	}
 }
 
+// tellWaiting tells each Pod the decision put on a machine already booting (booted for
+// other Pods first) that it waits for that machine, and about how long; once per Pod and
+// machine. sizes are the booting machines' sizes.
+func (d *Driver) tellWaiting(ctx context.Context, dec scale.Decision, sizes map[string]scale.NodeSize) {
+	told := map[scale.Ref]string{}
+	for ref, name := range dec.WaitFor {
+		told[ref] = name
+		if d.waitTold[ref] == name {
+			continue
+		}
+		d.forMu.Lock()
+		bootedForIt := slices.Contains(d.bootedFor[name], ref)
+		d.forMu.Unlock()
+		if bootedForIt {
+			continue // its NodeBooting said so
+		}
+		size := d.cfg.NodeSize
+		if s, ok := sizes[name]; ok {
+			size = s
+		}
+		accel := ""
+		if r, ok := d.provider.(nodes.AcceleratorReporter); ok {
+			accel, _ = r.Accelerator()
+		}
+		took, measured := d.podStarts.estimate(d.now(), v1.PodStartCold, accel)
+		left := aboutWords(took, measured)
+		if at, ok := d.starts.decidedAt(name); ok {
+			left = aboutWords(max(took-d.now().Sub(at), 5*time.Second), false) + " (it began " + d.now().Sub(at).Round(time.Second).String() + " ago)"
+		}
+		d.podEvent(ctx, ref, corev1.EventTypeNormal, reasonNodeBooting,
+			fmt.Sprintf("node %s (%s), already booting, takes this Pod; it starts in %s", name, size, left))
+	}
+	d.waitTold = told
+}
+
 // tellFailed tells the Pods a failed machine was booted for that it failed and why (the
 // first line), and that the next pass boots another.
 func (d *Driver) tellFailed(ctx context.Context, f failedMachine) {

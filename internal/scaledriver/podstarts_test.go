@@ -347,3 +347,49 @@ func TestPodsHearBeforeCreateReturns(t *testing.T) {
 		t.Fatalf("events %q, want one NodeBooting (told from Admitted, as Create did not return the node) and one NodeBootFailed naming the cause", evs)
 	}
 }
+
+// A Pod that arrives while a node is booting for another, and fits on it, hears that it
+// waits for that node (once), not nothing: no node is booted for it.
+func TestPodsHearOfANodeAlreadyBooting(t *testing.T) {
+	inCI := func(p *corev1.Pod) { p.Namespace = "ci" }
+	r := newRig(t, Config{}, false, []runtime.Object{testPod("first", inCI)})
+	ctx := context.Background()
+	r.start(ctx)
+	if dec, err := r.d.RunPass(ctx); err != nil || dec.Action != scale.Provision {
+		t.Fatalf("first pass: %s, %v; want Provision", dec, err)
+	}
+	name := r.prov.Instances()[0].Name
+	// The fake registers the Node at once; without it the machine is booting (and
+	// followed from its decision, which the Node's going ended).
+	if err := r.client.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.settle()
+	r.d.starts.booted(name, t0, t0, nil)
+	if _, err := r.client.CoreV1().Pods("ci").Create(ctx, testPod("second", inCI), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.settle()
+	for range 2 { // the second pass tells no one again
+		r.clock.advance(3 * time.Second)
+		if dec, err := r.d.RunPass(ctx); err != nil || dec.Action == scale.Provision {
+			t.Fatalf("pass: %s, %v; want no new node", dec, err)
+		}
+	}
+	var first, second []string
+	for _, e := range podEvents(t, r, "ci") {
+		switch {
+		case strings.Contains(e, " first: "):
+			first = append(first, e)
+		case strings.Contains(e, " second: "):
+			second = append(second, e)
+		}
+	}
+	want := "Normal NodeBooting second: node " + name + " (2 vCPU / 2048 MiB), already booting, takes this Pod; it starts in about "
+	if len(second) != 1 || !strings.HasPrefix(second[0], want) || !strings.Contains(second[0], "(it began 3s ago)") {
+		t.Errorf("the second Pod's events %q, want one starting %q and saying when the boot began", second, want)
+	}
+	if len(first) != 1 {
+		t.Errorf("the first Pod's events %q, want only its own NodeBooting", first)
+	}
+}

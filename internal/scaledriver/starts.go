@@ -183,6 +183,18 @@ func nodeReady(n *corev1.Node) bool {
 	return false
 }
 
+// decidedAt is when the pass that boots followed node name decided to; false if it is
+// not followed.
+func (s *starts) decidedAt(name string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ns, ok := s.nodes[name]
+	if !ok {
+		return time.Time{}, false
+	}
+	return ns.decided, true
+}
+
 // forget stops following node name.
 func (s *starts) forget(name string) {
 	s.mu.Lock()
