@@ -203,8 +203,12 @@ type PodStartPercentiles struct {
 
 // IdleNodesStatus is the idle-node count a cluster wants and has.
 type IdleNodesStatus struct {
+	// Wanted is how many idle nodes the cluster keeps now (0 outside its schedule).
 	Wanted int32 `json:"wanted"`
-	Spare  int32 `json:"spare"`
+	// Spare is how many nodes have nothing on them, joined or booting.
+	Spare int32 `json:"spare"`
+	// Booting is how many of Spare are still booting (to refill after a Pod took one).
+	Booting int32 `json:"booting"`
 }
 
 // ClusterList is a list of Clusters.

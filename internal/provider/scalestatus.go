@@ -82,10 +82,8 @@ func (s ScaleStatus) RecordWarmStart(ctx context.Context, cluster string, ok boo
 }
 
 // RecordIdleNodes sets status.idleNodes.
-func (s ScaleStatus) RecordIdleNodes(ctx context.Context, cluster string, wanted, spare int) error {
-	return s.update(ctx, cluster, func(c *v1.Cluster) {
-		c.Status.IdleNodes = &v1.IdleNodesStatus{Wanted: int32(wanted), Spare: int32(spare)}
-	})
+func (s ScaleStatus) RecordIdleNodes(ctx context.Context, cluster string, idle v1.IdleNodesStatus) error {
+	return s.update(ctx, cluster, func(c *v1.Cluster) { c.Status.IdleNodes = &idle })
 }
 
 // RecordPodStarts sets status.podStarts.

@@ -60,16 +60,20 @@ func Decide(o Observed) (Decision, error) {
 	}
 	// Spare: placeable nodes with nothing on them and nothing placed; with IdleNodes,
 	// boot the shortfall (the smallest size), and keep that many from the hold.
-	spare := 0
+	spare, spareBooting := 0, 0
 	for _, n := range s.nodes[:s.known] {
 		if n.placeable && !n.busy && n.placed == 0 {
 			spare++
+			if !n.existing {
+				spareBooting++
+			}
 		}
 	}
 	extra := max(o.IdleNodes-spare, 0)
 	d := Decision{
 		Seal:             seal,
 		Spare:            spare,
+		SpareBooting:     spareBooting,
 		Current:          s.known,
 		Target:           s.known,
 		Intent:           intent,

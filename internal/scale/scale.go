@@ -261,6 +261,8 @@ type Decision struct {
 	// Spare is how many nodes (registered or booting) have nothing on them and could take
 	// a Pod, after this decision's placements: the idle nodes kept for IdleNodes.
 	Spare int
+	// SpareBooting is how many of Spare are still booting (no Node registered yet).
+	SpareBooting int
 	// Reason is for humans: events, status, logs.
 	Reason string
 

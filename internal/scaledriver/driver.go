@@ -145,7 +145,7 @@ type StatusRecorder interface {
 	RecordWarmStart(ctx context.Context, cluster string, ok bool, reason, message string) error
 	// RecordIdleNodes reports the idle nodes wanted now and spare; called when they
 	// changed, with a cluster that has spec.idleNodes.
-	RecordIdleNodes(ctx context.Context, cluster string, wanted, spare int) error
+	RecordIdleNodes(ctx context.Context, cluster string, idle v1.IdleNodesStatus) error
 	// RecordPodStarts reports the percentiles of the cluster's Pod starts over the last
 	// hour, per path; called when they changed.
 	RecordPodStarts(ctx context.Context, cluster string, starts []v1.PodStartPercentiles) error

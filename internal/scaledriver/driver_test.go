@@ -59,7 +59,7 @@ type recStatus struct {
 	pods    []bootCall
 	warm    []bootCall
 	starts  [][]v1.PodStartPercentiles
-	idle    [][2]int
+	idle    [][3]int
 }
 
 type bootCall struct {

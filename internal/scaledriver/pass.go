@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/nodehealth"
 	"github.com/socialweb-computer/socialweb/internal/nodes"
 	"github.com/socialweb-computer/socialweb/internal/scale"
@@ -454,12 +455,12 @@ func (d *Driver) reportIdle(ctx context.Context, dec scale.Decision) {
 	if d.status == nil || d.cfg.IdleNodes == 0 {
 		return
 	}
-	wanted := d.idleNodes()
-	report := fmt.Sprint(wanted, dec.Spare)
+	idle := v1.IdleNodesStatus{Wanted: int32(d.idleNodes()), Spare: int32(dec.Spare), Booting: int32(dec.SpareBooting)}
+	report := fmt.Sprint(idle)
 	if report == d.idleReport {
 		return
 	}
-	if err := d.status.RecordIdleNodes(ctx, d.cfg.Cluster, wanted, dec.Spare); err != nil {
+	if err := d.status.RecordIdleNodes(ctx, d.cfg.Cluster, idle); err != nil {
 		d.log.Error("record idle nodes in the cluster status", "err", err)
 		return
 	}

@@ -31,13 +31,13 @@ func (s *recStatus) RecordPodStarts(_ context.Context, c string, starts []v1.Pod
 	return nil
 }
 
-func (s *recStatus) RecordIdleNodes(_ context.Context, c string, wanted, spare int) error {
+func (s *recStatus) RecordIdleNodes(_ context.Context, c string, idle v1.IdleNodesStatus) error {
 	if c != cluster {
 		return errors.New("cluster " + c)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.idle = append(s.idle, [2]int{wanted, spare})
+	s.idle = append(s.idle, [3]int{int(idle.Wanted), int(idle.Spare), int(idle.Booting)})
 	return nil
 }
 
