@@ -136,5 +136,6 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&gogc, "controlplane-gogc", "50", `GOGC of each control-plane process ("" leaves Go's default): lower trades CPU for memory`)
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	documentEnv(f)
+	withConfigFile(cmd)
 	return cmd
 }
