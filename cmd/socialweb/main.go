@@ -51,6 +51,7 @@ func newRootCommand() *cobra.Command {
 		return usageError{fmt.Errorf("%w (see '%s --help')", err, cmd.CommandPath())}
 	})
 	g.addFlags(root)
+	setVersion(root)
 	root.AddCommand(
 		newServeCommand(g),
 		newClusterCommand(g),
@@ -58,6 +59,7 @@ func newRootCommand() *cobra.Command {
 		newDownCommand(g),
 		newControlPlaneCommand(),
 		newVirtiofsdCommand(),
+		newVersionCommand(),
 	)
 	return root
 }

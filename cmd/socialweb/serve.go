@@ -18,6 +18,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/layershare"
 	"github.com/socialweb-computer/socialweb/internal/nodeservice"
 	"github.com/socialweb-computer/socialweb/internal/registry"
+	"github.com/socialweb-computer/socialweb/internal/supervisor"
 )
 
 func newServeCommand(g *globalOptions) *cobra.Command {
@@ -34,6 +35,7 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 		quota     string
 
 		buildCacheBudget string
+		cpLogMaxSize     string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -70,6 +72,11 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 				}
 				*f.to = q.Value()
 			}
+			logMax, err := resource.ParseQuantity(cpLogMaxSize)
+			if err != nil || logMax.Sign() < 0 {
+				return usageError{errf("--controlplane-log-max-size %q: want a size such as 50Mi, or 0 to never rotate", cpLogMaxSize)}
+			}
+			o.ControlPlaneLog.MaxSize = logMax.Value()
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return usageError{errf("--log-level %q: want debug, info, warn or error", logLevel)}
@@ -134,6 +141,8 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.Int32Var(&o.Defaults.ControlPlaneCPUWeight, "default-control-plane-cpu-weight", 100, "CPU share of a control plane against other tenants (cpu.weight, 1-10000; 100 is an ordinary process), for a cluster that does not say")
 	f.StringVar(&o.CgroupParent, "cgroup-parent", daemon.DefaultCgroupParent, `cgroup (under /sys/fs/cgroup, v2 or v1) each control plane gets a group of its own in, with its limits; "" runs control planes unlimited; where the host gives none, the default serves without limits and says so, another value refuses to start`)
 	f.StringVar(&gogc, "controlplane-gogc", "50", `GOGC of each control-plane process ("" leaves Go's default): lower trades CPU for memory`)
+	f.StringVar(&cpLogMaxSize, "controlplane-log-max-size", "50Mi", "size past which a control plane's controlplane.log (in its state dir; the management API's too) is rotated: renamed controlplane.log.1, older ones shifted to .2, .3 ..., and begun anew; 0 never rotates")
+	f.IntVar(&o.ControlPlaneLog.Keep, "controlplane-log-keep", 3, fmt.Sprintf("rotated control-plane logs kept (controlplane.log.1 to .N, the oldest removed), 0-%d; 0 keeps none", supervisor.MaxLogKeep))
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	documentEnv(f)
 	withConfigFile(cmd)

@@ -34,6 +34,7 @@ import (
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/buildcache"
+	"github.com/socialweb-computer/socialweb/internal/buildinfo"
 	"github.com/socialweb-computer/socialweb/internal/cgroup"
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
 	"github.com/socialweb-computer/socialweb/internal/datastore"
@@ -135,6 +136,9 @@ type Options struct {
 	Defaults                   provider.Defaults
 	// ControlPlaneEnv is added to every control-plane process.
 	ControlPlaneEnv []string
+	// ControlPlaneLog bounds each control plane's controlplane.log (the management
+	// API's too): rotated past MaxSize bytes (0 never), Keep old files kept.
+	ControlPlaneLog supervisor.LogRotation
 	// CgroupParent is the cgroup each control plane gets a group of its own under
 	// (cgroup.Open); "" runs them without limits.
 	CgroupParent string
@@ -275,6 +279,12 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	}
 	if o.APIPort < 1 || o.APIPort > 65535 {
 		return v, fmt.Errorf("--api-port %d: want 1-65535", o.APIPort)
+	}
+	if o.ControlPlaneLog.MaxSize < 0 {
+		return v, fmt.Errorf("--controlplane-log-max-size %d: want a size such as 50Mi, or 0 to never rotate", o.ControlPlaneLog.MaxSize)
+	}
+	if k := o.ControlPlaneLog.Keep; k < 0 || k > supervisor.MaxLogKeep {
+		return v, fmt.Errorf("--controlplane-log-keep %d: want 0-%d (0 keeps no rotated log)", k, supervisor.MaxLogKeep)
 	}
 	r, err := lease.ParseRange(o.PortRange)
 	if err != nil {
@@ -421,6 +431,24 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		}
 		defer doorListener.Close()
 	}
+	info := buildinfo.Read()
+	log.Info("socialweb", "version", info.Version, "commit", info.CommitString(), "kubernetes", info.Kubernetes, "go", info.Go)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoCollector(info))
+	checks := []string{checkManagementAPI, checkProvider}
+	if v.NodeImage != "" {
+		checks = append(checks, checkRegistry) // without a node image there is no registry
+	}
+	ready := newReadiness(checks...)
+	// Before anything is created, like the door: a port in use is bad input, and
+	// /healthz answers (and /readyz says what is still starting) from the first.
+	if v.MetricsAddress != "" {
+		stop, err := serveMetrics(ctx, v.MetricsAddress, reg, ready, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	if err := os.MkdirAll(filepath.Join(v.StateDir, "clusters"), 0o700); err != nil {
 		return fmt.Errorf("creating state dir: %w", err)
 	}
@@ -435,6 +463,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 			prov.SupervisorHook(name)
 		}
 	})
+	sup.SetLogRotation(v.ControlPlaneLog)
 	defer func() {
 		log.Info("stopping every control plane")
 		sup.StopAll(10 * time.Second)
@@ -450,18 +479,15 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		return err
 	}
 	restCfg.QPS, restCfg.Burst = 50, 100
+	apiReady, err := managementAPICheck(restCfg, filepath.Join(v.StateDir, "mgmt", "controlplane.log"))
+	if err != nil {
+		return err
+	}
+	ready.set(checkManagementAPI, apiReady)
 	kube := kubernetes.NewForConfigOrDie(restCfg)
 	dyn := dynamic.NewForConfigOrDie(restCfg)
 	if err := installAPI(ctx, restCfg, kube); err != nil {
 		return err
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if v.MetricsAddress != "" {
-		if err := serveMetrics(ctx, v.MetricsAddress, reg, log); err != nil {
-			return err
-		}
 	}
 
 	cache, err := openBuildCache(v, reg, log)
@@ -499,6 +525,10 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	if v.NodeImage != "" {
+		// nodeservice.Start's registry store.
+		ready.set(checkRegistry, registryCheck(filepath.Join(v.StateDir, "registry")))
+	}
 	if c, ok := nodeServices.(io.Closer); ok {
 		// Before the control planes stop (deferred earlier, so run later): the node
 		// provider destroys its unclaimed warm-pool VMs; nodes keep running for the next
@@ -523,6 +553,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		Domain:       v.FrontDoorDomain,
 		BuildCache:   cache,
 	}, log.With("component", "provider"), dyn, kube, v.store, sup)
+	ready.set(checkProvider, providerCheck(prov.Synced))
 	reg.MustRegister(prov.Collector())
 	reg.MustRegister(prov.SleepCollectors()...)
 	if door != nil {
@@ -686,18 +717,22 @@ func installAPI(ctx context.Context, restCfg *rest.Config, kube kubernetes.Inter
 	return errors.New("the Cluster CRD was not established within 30s")
 }
 
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) error {
+// serveMetrics serves /metrics, /healthz and /readyz on addr until ctx ends or
+// stop is called.
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, ready *readiness, log *slog.Logger) (stop func(), err error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("--metrics-address %s: %w", addr, err)
+		return nil, fmt.Errorf("--metrics-address %s: %w: stop what listens there or pick another address", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/healthz", healthzHandler())
+	mux.Handle("/readyz", readyzHandler(ready.list, readyTimeout))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { <-ctx.Done(); _ = srv.Close() }()
 	go func() { _ = srv.Serve(l) }()
-	log.Info("metrics", "address", l.Addr().String())
-	return nil
+	log.Info("metrics", "address", l.Addr().String(), "paths", "/metrics /healthz /readyz")
+	return func() { _ = srv.Close() }, nil
 }
 
 func portFree(port int) bool {

@@ -224,6 +224,10 @@ func (p *Provider) Run(ctx context.Context) error {
 	return nil
 }
 
+// Synced says whether Run has started and its Cluster informer has listed the
+// Clusters: only then does the provider reconcile them.
+func (p *Provider) Synced() bool { return p.informer.HasSynced() }
+
 func (p *Provider) enqueue(o any) {
 	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
 		o = d.Obj

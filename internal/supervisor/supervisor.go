@@ -17,7 +17,7 @@ type Spec struct {
 	Path       string
 	Args       []string
 	Env        []string
-	LogPath    string // stdout and stderr are appended here
+	LogPath    string // stdout and stderr are appended here, rotated (SetLogRotation)
 	RecordPath string // the instance record (pid + start time + cmdline)
 	// ExtraFiles are inherited by the process as fds 3, 4, ...: a listening socket
 	// the daemon keeps open across the process's runs. The caller keeps them open.
@@ -63,6 +63,7 @@ type Supervisor struct {
 
 	mu    sync.Mutex
 	procs map[string]*proc
+	rot   LogRotation
 }
 
 type proc struct {
@@ -82,6 +83,18 @@ func New(log *slog.Logger, b Backoff, onChange func(name string)) *Supervisor {
 	}
 	return &Supervisor{log: log, backoff: b, onChange: onChange, procs: map[string]*proc{}}
 }
+
+// SetLogRotation bounds the logs of every process from its next run on; the
+// default never rotates.
+func (s *Supervisor) SetLogRotation(r LogRotation) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rot = r
+}
+
+// outputGrace is how long a run's output is still copied after it exited: a
+// process it left behind may hold the pipe open (and Stop waits that long).
+const outputGrace = time.Second
 
 // Start begins supervising spec.Name; it is a no-op if already supervised.
 func (s *Supervisor) Start(spec Spec) {
@@ -154,14 +167,21 @@ func (s *Supervisor) loop(p *proc) {
 	for {
 		started := time.Now()
 		ooms := jailOOMs(p.spec.Jail)
-		cmd, err := s.startOnce(p)
+		cmd, logf, err := s.startOnce(p)
 		if err != nil {
 			log.Error("start failed", "err", err)
 			s.set(p, func(st *State) { st.Running = false; st.LastExit = err.Error(); st.Since = time.Now() })
 		} else {
 			s.set(p, func(st *State) { st.Running = true; st.PID = cmd.Process.Pid; st.Since = started })
 			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
+			go func() {
+				// Wait returns once the output is copied (or outputGrace passed).
+				err := cmd.Wait()
+				if err := logf.Close(); err != nil {
+					log.Warn("closing the log", "err", err)
+				}
+				exited <- err
+			}()
 			select {
 			case err = <-exited:
 			case <-p.stop:
@@ -198,15 +218,30 @@ func (s *Supervisor) loop(p *proc) {
 	}
 }
 
-func (s *Supervisor) startOnce(p *proc) (*exec.Cmd, error) {
-	logFile, err := os.OpenFile(p.spec.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+// startOnce starts one run; its log is closed by the caller after cmd.Wait.
+func (s *Supervisor) startOnce(p *proc) (*exec.Cmd, *logFile, error) {
+	s.mu.Lock()
+	rot := s.rot
+	s.mu.Unlock()
+	logf, err := openLogFile(p.spec.LogPath, rot, s.log.With("process", p.spec.Name))
 	if err != nil {
-		return nil, fmt.Errorf("opening log: %w", err)
+		return nil, nil, err
 	}
-	defer logFile.Close()
+	cmd, err := s.startCmd(p, logf)
+	if err != nil {
+		_ = logf.Close()
+		return nil, nil, err
+	}
+	return cmd, logf, nil
+}
+
+func (s *Supervisor) startCmd(p *proc, logf *logFile) (*exec.Cmd, error) {
 	cmd := exec.CommandContext(context.Background(), p.spec.Path, p.spec.Args...)
 	cmd.Env = append(os.Environ(), p.spec.Env...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Not an *os.File: exec then gives the child one pipe for both, and copies
+	// from it through logf, which can rotate the file under it.
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.WaitDelay = outputGrace
 	cmd.ExtraFiles = p.spec.ExtraFiles
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		// Its own process group: a terminal's Ctrl-C reaches the daemon,
