@@ -4,12 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
-	"github.com/socialweb-computer/socialweb/internal/buildcache"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodeservice"
 )
@@ -23,32 +18,19 @@ func BuildCacheSecretName(cluster string) string { return cluster + "-build-cach
 // written when the cache is on, deleted when the operator turned it off (a runner
 // credential minted then carries no cache).
 func (p *Provider) writeBuildCacheAccess(ctx context.Context, c *v1.Cluster, plan nodenet.Plan) error {
-	secrets := p.kube.CoreV1().Secrets(v1.SystemNamespace)
 	name := BuildCacheSecretName(c.Name)
-	var access buildcache.Access
-	on := false
-	if p.cfg.BuildCache != nil && p.cfg.BuildCache.On() && plan.Gateway == nil {
-		return nil // no node network yet: the Secret is written when it has one
-	}
-	if p.cfg.BuildCache != nil {
-		access, on = p.cfg.BuildCache.Access(c.Name, string(c.UID), nodeservice.BuildCacheAddr(plan))
-	}
-	if !on {
-		if err := secrets.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	cache := p.cfg.BuildCache
+	if cache == nil || !cache.On() {
+		if err := p.deleteSecret(ctx, name); err != nil {
 			return fmt.Errorf("removing the build cache access of %s (the cache is off): %w", c.Name, err)
 		}
 		return nil
 	}
-	s := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: v1.SystemNamespace,
-			Labels: map[string]string{"socialweb.computer/cluster": c.Name}},
-		Data: access.SecretData(),
+	if plan.Gateway == nil {
+		return nil // no node network yet: the Secret is written when it has one
 	}
-	_, err := secrets.Create(ctx, s, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		_, err = secrets.Update(ctx, s, metav1.UpdateOptions{})
-	}
-	if err != nil {
+	access, _ := cache.Access(c.Name, string(c.UID), nodeservice.BuildCacheAddr(plan))
+	if err := p.putSecret(ctx, c.Name, name, access.SecretData()); err != nil {
 		return fmt.Errorf("writing the build cache access of %s: %w", c.Name, err)
 	}
 	return nil
@@ -61,8 +43,7 @@ func (p *Provider) removeBuildCache(ctx context.Context, cluster string) error {
 			return err
 		}
 	}
-	err := p.kube.CoreV1().Secrets(v1.SystemNamespace).Delete(ctx, BuildCacheSecretName(cluster), metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
+	if err := p.deleteSecret(ctx, BuildCacheSecretName(cluster)); err != nil {
 		return fmt.Errorf("removing the build cache access of %s: %w", cluster, err)
 	}
 	return nil

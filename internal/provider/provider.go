@@ -660,15 +660,29 @@ func (p *Provider) Backend(cluster string) (string, bool) {
 func AdminSecretName(cluster string) string { return cluster + "-admin-kubeconfig" }
 
 func (p *Provider) writeAdminSecret(ctx context.Context, c *v1.Cluster, kubeconfig []byte) error {
+	return p.putSecret(ctx, c.Name, AdminSecretName(c.Name), map[string][]byte{"kubeconfig": kubeconfig})
+}
+
+// putSecret creates or replaces the management-API Secret name of cluster.
+func (p *Provider) putSecret(ctx context.Context, cluster, name string, data map[string][]byte) error {
 	s := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: AdminSecretName(c.Name), Namespace: v1.SystemNamespace,
-			Labels: map[string]string{"socialweb.computer/cluster": c.Name}},
-		Data: map[string][]byte{"kubeconfig": kubeconfig},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: v1.SystemNamespace,
+			Labels: map[string]string{"socialweb.computer/cluster": cluster}},
+		Data: data,
 	}
 	secrets := p.kube.CoreV1().Secrets(v1.SystemNamespace)
 	_, err := secrets.Create(ctx, s, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		_, err = secrets.Update(ctx, s, metav1.UpdateOptions{})
+	}
+	return err
+}
+
+// deleteSecret deletes the management-API Secret name; one already gone is no error.
+func (p *Provider) deleteSecret(ctx context.Context, name string) error {
+	err := p.kube.CoreV1().Secrets(v1.SystemNamespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
 	}
 	return err
 }
@@ -831,11 +845,7 @@ func (p *Provider) removeData(ctx context.Context, c *v1.Cluster) error {
 	if err := p.removeBuildCache(ctx, c.Name); err != nil {
 		return err
 	}
-	err = p.kube.CoreV1().Secrets(v1.SystemNamespace).Delete(ctx, AdminSecretName(c.Name), metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return err
-	}
-	return nil
+	return p.deleteSecret(ctx, AdminSecretName(c.Name))
 }
 
 func (p *Provider) writeStatus(ctx context.Context, c *v1.Cluster, obs Observed, plan Plan) error {

@@ -131,15 +131,21 @@ func (d *Driver) tellBooting(ctx context.Context, name string, node scale.NewNod
 	if warm {
 		path, how = v1.PodStartWarm, "starting node %s (%s) for this Pod from a pre-booted warm-pool VM"
 	}
-	accel := ""
-	if r, ok := d.provider.(nodes.AcceleratorReporter); ok {
-		accel, _ = r.Accelerator()
-	}
-	took, measured := d.podStarts.estimate(d.now(), path, accel)
+	took, measured := d.startEstimate(path)
 	note := fmt.Sprintf(how+"; it starts in %s", name, node.Size, aboutWords(took, measured))
 	for _, ref := range refs {
 		d.podEvent(ctx, ref, corev1.EventTypeNormal, reasonNodeBooting, note)
 	}
+}
+
+// startEstimate is about how long a Pod takes to start on path, under the provider's
+// accelerator (podStarts.estimate).
+func (d *Driver) startEstimate(path string) (time.Duration, bool) {
+	accel := ""
+	if r, ok := d.provider.(nodes.AcceleratorReporter); ok {
+		accel, _ = r.Accelerator()
+	}
+	return d.podStarts.estimate(d.now(), path, accel)
 }
 
 // tellWaiting tells each Pod the decision put on a machine already booting (booted for
@@ -162,11 +168,7 @@ func (d *Driver) tellWaiting(ctx context.Context, dec scale.Decision, sizes map[
 		if s, ok := sizes[name]; ok {
 			size = s
 		}
-		accel := ""
-		if r, ok := d.provider.(nodes.AcceleratorReporter); ok {
-			accel, _ = r.Accelerator()
-		}
-		took, measured := d.podStarts.estimate(d.now(), v1.PodStartCold, accel)
+		took, measured := d.startEstimate(v1.PodStartCold)
 		left := aboutWords(took, measured)
 		if at, ok := d.starts.decidedAt(name); ok {
 			left = aboutWords(max(took-d.now().Sub(at), 5*time.Second), false) + " (it began " + d.now().Sub(at).Round(time.Second).String() + " ago)"
