@@ -268,8 +268,9 @@ func TestLiveStandInGuests(t *testing.T) {
 		name string
 		p    Plan
 	}{{"live-a", pa}, {"live-b", pb}, {"live-a", pa}} { // the second Ensure of A must change nothing
-		// 8081: B serves its "apiserver" there (below); A1 must not reach it.
-		if err := m.Ensure(ctx, c.name, c.p, Served{APIServer: 8081}); err != nil {
+		// 8081: B serves its "apiserver" there (below), 5001 its build cache; A1 must
+		// reach neither of B's, and does reach its own build cache.
+		if err := m.Ensure(ctx, c.name, c.p, Served{APIServer: 8081, BuildCache: 5001}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -336,6 +337,8 @@ func TestLiveStandInGuests(t *testing.T) {
 	peerServer(t, "swbtest-a2", "10.198.2.1:8080")
 	peerServer(t, "swbtest-b1", ":8080")
 	peerServer(t, "", gwB+":8081") // a host service on B's gateway (B's apiserver, say)
+	peerServer(t, "", gwB+":5001") // B's build cache
+	peerServer(t, "", gwA+":5001") // A's build cache
 	t.Logf("setup took %v", time.Since(start))
 
 	const yes, no = time.Second, 300 * time.Millisecond
@@ -376,11 +379,15 @@ func TestLiveStandInGuests(t *testing.T) {
 	if _, err := dialFrom("swbtest-a1", "10.251.0.10:80", 3*time.Second); err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Errorf("A1 to a Service address through the host: %v; want connection refused", err)
 	}
+	if _, err := dialFrom("swbtest-a1", gwA+":5001", 3*time.Second); err != nil {
+		t.Errorf("A1 to its own build cache on its gateway: %v", err)
+	}
 	var wg sync.WaitGroup // each refused check waits out its timeout: run them together
 	for _, c := range [][3]string{
 		{"A1 to B1 (other cluster)", "swbtest-a1", b1 + ":8080"},
 		{"B1 to A1 (other cluster)", "swbtest-b1", a1 + ":8080"},
 		{"A1 to the host on B's gateway", "swbtest-a1", gwB + ":8081"},
+		{"A1 to B's build cache on B's gateway", "swbtest-a1", gwB + ":5001"},
 		{"B1 to A's DNS forwarder", "swbtest-b1", gwA + ":53"},
 		{"the outside opening a connection to A1", "swbtest-out", a1 + ":8080"},
 	} {
