@@ -15,7 +15,7 @@ import (
 func newClusterCommand(g *globalOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cluster",
-		Short: "Create, inspect and delete tenant clusters",
+		Short: "Create, inspect, delete, back up and restore tenant clusters",
 	}
 	cmd.AddCommand(
 		newClusterCreateCommand(g),
@@ -24,6 +24,8 @@ func newClusterCommand(g *globalOptions) *cobra.Command {
 		newClusterKubeconfigCommand(g),
 		newClusterRunnerCredentialCommand(g),
 		newClusterDeleteCommand(g),
+		newClusterBackupCommand(g),
+		newClusterRestoreCommand(g),
 	)
 	return cmd
 }

@@ -167,50 +167,56 @@ func controlPlaneLimits(spec *v1.ClusterSpec, memory string, pids, weight int32)
 func waitLeased(ctx context.Context, m *mgmtClients, name string) (*v1.Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	for {
-		c, err := m.getCluster(ctx, name)
-		rv := ""
-		if err == nil {
-			rv = c.ResourceVersion
-			cond := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionLeased)
-			if cond != nil && cond.Status == metav1.ConditionTrue && c.Status.URL != "" {
-				return c, nil
-			}
-			if cond != nil && cond.Reason == "LeaseFailed" {
-				_ = m.dyn.Resource(v1.ClusterResource).Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{})
-				waitGone(context.WithoutCancel(ctx), m, name, 30*time.Second)
-				return nil, fmt.Errorf("cluster %s not created: %s", name, cond.Message)
-			}
+	c, err := m.waitCluster(ctx, name, func(c *v1.Cluster) (bool, error) {
+		cond := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionLeased)
+		if cond != nil && cond.Reason == "LeaseFailed" {
+			_ = m.dyn.Resource(v1.ClusterResource).Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{})
+			waitGone(context.WithoutCancel(ctx), m, name, 30*time.Second)
+			return false, fmt.Errorf("cluster %s not created: %s", name, cond.Message)
 		}
-		if err := m.awaitChange(ctx, name, rv); err != nil {
-			return nil, fmt.Errorf("cluster %s was created but the daemon has not leased it a port after 60s: is `socialweb serve` running? (`socialweb cluster get %s` shows its conditions)", name, name)
-		}
+		return cond != nil && cond.Status == metav1.ConditionTrue && c.Status.URL != "", nil
+	})
+	if err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("cluster %s was created but the daemon has not leased it a port after 60s: is `socialweb serve` running? (`socialweb cluster get %s` shows its conditions)", name, name)
 	}
+	return c, err
 }
 
 // waitPhase waits for a phase, printing each change of phase or condition.
 func waitPhase(ctx context.Context, m *mgmtClients, name string, want v1.Phase) (*v1.Cluster, error) {
 	last := ""
+	c, err := m.waitCluster(ctx, name, func(c *v1.Cluster) (bool, error) {
+		ready := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionReady)
+		line := string(c.Status.Phase)
+		if ready != nil {
+			line += ": " + ready.Message
+		}
+		if line != last {
+			fmt.Fprintf(os.Stderr, "  %s %s\n", name, line)
+			last = line
+		}
+		return c.Status.Phase == want, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster %s not %s in time (last: %s); `socialweb cluster get %s` shows its conditions", name, want, last, name)
+	}
+	return c, err
+}
+
+// waitCluster reads the Cluster at each change until done says it is done
+// or fails; it returns ctx's error if ctx ends first.
+func (m *mgmtClients) waitCluster(ctx context.Context, name string, done func(*v1.Cluster) (bool, error)) (*v1.Cluster, error) {
 	for {
 		c, err := m.getCluster(ctx, name)
 		rv := ""
 		if err == nil {
 			rv = c.ResourceVersion
-			ready := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionReady)
-			line := string(c.Status.Phase)
-			if ready != nil {
-				line += ": " + ready.Message
-			}
-			if line != last {
-				fmt.Fprintf(os.Stderr, "  %s %s\n", name, line)
-				last = line
-			}
-			if c.Status.Phase == want {
-				return c, nil
+			if ok, err := done(c); err != nil || ok {
+				return c, err
 			}
 		}
 		if err := m.awaitChange(ctx, name, rv); err != nil {
-			return nil, fmt.Errorf("cluster %s not %s in time (last: %s); `socialweb cluster get %s` shows its conditions", name, want, last, name)
+			return nil, err
 		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/provider"
@@ -44,4 +46,17 @@ func (m *mgmtClients) adminKubeconfig(ctx context.Context, c *v1.Cluster) ([]byt
 		return nil, fmt.Errorf("reading the admin kubeconfig of %s: %w", c.Name, err)
 	}
 	return s.Data["kubeconfig"], nil
+}
+
+// adminConfig is the tenant's admin kubeconfig as a client config.
+func (m *mgmtClients) adminConfig(ctx context.Context, c *v1.Cluster) (*rest.Config, error) {
+	b, err := m.adminKubeconfig(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(b)
+	if err != nil {
+		return nil, fmt.Errorf("reading the admin kubeconfig of %s: %w", c.Name, err)
+	}
+	return cfg, nil
 }

@@ -10,7 +10,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/buildcache"
@@ -83,13 +82,9 @@ invalidates every token minted for it.`,
 					return usageError{err}
 				}
 			}
-			admin, err := m.adminKubeconfig(ctx, c)
+			cfg, err := m.adminConfig(ctx, c)
 			if err != nil {
 				return err
-			}
-			cfg, err := clientcmd.RESTConfigFromKubeConfig(admin)
-			if err != nil {
-				return fmt.Errorf("reading the admin kubeconfig of %s: %w", c.Name, err)
 			}
 			kube, err := kubernetes.NewForConfig(cfg)
 			if err != nil {

@@ -5,14 +5,15 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
-	"strconv"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/spf13/cobra"
 
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
+	"github.com/socialweb-computer/socialweb/internal/logrotate"
 )
 
 // newControlPlaneCommand is what the daemon runs in each child process.
@@ -20,6 +21,8 @@ func newControlPlaneCommand() *cobra.Command {
 	var (
 		config   string
 		listenFD int
+		logFile  string
+		logRot   logrotate.Rotation
 	)
 	cmd := &cobra.Command{
 		Use:    "controlplane --config FILE",
@@ -38,17 +41,26 @@ func newControlPlaneCommand() *cobra.Command {
 			}
 			c.ListenFD = listenFD
 			log := newLogger(os.Stderr, slog.LevelInfo).With("cluster", c.Name)
+			if logFile != "" {
+				if err := logRot.Validate(); err != nil {
+					return fmt.Errorf("--log-max-size/--log-keep: %w", err)
+				}
+				// Its own: the daemon that opened the file may be gone.
+				go logrotate.Stdio(cmd.Context(), logFile, logRot, time.Second, log)
+			}
 			return controlplane.Run(cmd.Context(), c, log)
 		},
 	}
 	cmd.Flags().StringVar(&config, "config", "", "control-plane config file written by the daemon")
 	cmd.Flags().IntVar(&listenFD, "listen-fd", 0, "an inherited listening socket for the apiserver's loopback port (the daemon holds it while the cluster sleeps); 0 binds the port")
+	cmd.Flags().StringVar(&logFile, "log-file", "", "the file stdout and stderr are (opened by serve), rotated by this process; empty: not rotated")
+	cmd.Flags().Int64Var(&logRot.MaxSize, "log-max-size", 0, "rotate --log-file past this many bytes (0: never)")
+	cmd.Flags().IntVar(&logRot.Keep, "log-keep", 0, "rotated logs kept")
 	_ = cmd.MarkFlagRequired("config")
 	return cmd
 }
 
-// noNewPrivsEnv marks the process image that already runs with no_new_privs; its
-// value is the daemon's pid.
+// noNewPrivsEnv marks the process image that already runs with no_new_privs.
 const noNewPrivsEnv = "SOCIALWEB_CONTROLPLANE_NO_NEW_PRIVS"
 
 // noNewPrivs makes the control plane, which serves tenants, unable to gain
@@ -57,16 +69,7 @@ const noNewPrivsEnv = "SOCIALWEB_CONTROLPLANE_NO_NEW_PRIVS"
 // on this one and the process image is executed again from it: every thread of
 // the new image has it. The pid, its cgroup and inherited fds stay.
 func noNewPrivs() error {
-	if parent := os.Getenv(noNewPrivsEnv); parent != "" {
-		// The parent-death signal the daemon set is per thread, and the exec may
-		// have come from a thread other than the first, which never had it: set it
-		// again, then make sure the daemon did not die before that.
-		if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(syscall.SIGKILL), 0, 0, 0); err != nil {
-			return fmt.Errorf("setting the parent-death signal: %w", err)
-		}
-		if strconv.Itoa(os.Getppid()) != parent {
-			return fmt.Errorf("the daemon that started this control plane (pid %s) is gone", parent)
-		}
+	if os.Getenv(noNewPrivsEnv) != "" {
 		return nil
 	}
 	runtime.LockOSThread()
@@ -74,7 +77,7 @@ func noNewPrivs() error {
 		return fmt.Errorf("setting no_new_privs: %w", err)
 	}
 	// /proc/self/exe: this very build, even if an upgrade replaced the file.
-	env := append(os.Environ(), noNewPrivsEnv+"="+strconv.Itoa(os.Getppid()))
+	env := append(os.Environ(), noNewPrivsEnv+"=1")
 	if err := syscall.Exec("/proc/self/exe", os.Args, env); err != nil {
 		return fmt.Errorf("running again with no_new_privs: %w", err)
 	}

@@ -9,6 +9,6 @@ func newImageCommand(g *globalOptions) *cobra.Command {
 		Use:   "image",
 		Short: "Node images and the container images nodes pull from the host registry",
 	}
-	cmd.AddCommand(newImageBuildCommand(), newImagePushCommand(g), newImageListCommand(g), newImageGCCommand(g), newImageBuilderCommand())
+	cmd.AddCommand(newImageBuildCommand(), newImagePushCommand(g), newImageListCommand(g), newImageGCCommand(g), newImageBuilderCommand(), newImageBuiltinCommand())
 	return cmd
 }

@@ -60,6 +60,7 @@ func newRootCommand() *cobra.Command {
 		newControlPlaneCommand(),
 		newVirtiofsdCommand(),
 		newVersionCommand(),
+		newManPagesCommand(),
 	)
 	return root
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/daemon"
 	"github.com/socialweb-computer/socialweb/internal/frontdoor"
 	"github.com/socialweb-computer/socialweb/internal/layershare"
+	"github.com/socialweb-computer/socialweb/internal/logrotate"
 	"github.com/socialweb-computer/socialweb/internal/nodeservice"
 	"github.com/socialweb-computer/socialweb/internal/registry"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
@@ -36,6 +37,8 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 
 		buildCacheBudget string
 		cpLogMaxSize     string
+		upgrade          string
+		onExit           string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -77,6 +80,15 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 				return usageError{errf("--controlplane-log-max-size %q: want a size such as 50Mi, or 0 to never rotate", cpLogMaxSize)}
 			}
 			o.ControlPlaneLog.MaxSize = logMax.Value()
+			if o.Upgrade, err = supervisor.ParseUpgrade(upgrade); err != nil {
+				return usageError{errf("--upgrade-strategy: %v", err)}
+			}
+			switch onExit {
+			case "stop", "keep":
+				o.KeepControlPlanes = onExit == "keep"
+			default:
+				return usageError{errf("--control-planes-on-exit %q: want stop or keep", onExit)}
+			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return usageError{errf("--log-level %q: want debug, info, warn or error", logLevel)}
@@ -142,7 +154,10 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&o.CgroupParent, "cgroup-parent", daemon.DefaultCgroupParent, `cgroup (under /sys/fs/cgroup, v2 or v1) each control plane gets a group of its own in, with its limits; "" runs control planes unlimited; where the host gives none, the default serves without limits and says so, another value refuses to start`)
 	f.StringVar(&gogc, "controlplane-gogc", "50", `GOGC of each control-plane process ("" leaves Go's default): lower trades CPU for memory`)
 	f.StringVar(&cpLogMaxSize, "controlplane-log-max-size", "50Mi", "size past which a control plane's controlplane.log (in its state dir; the management API's too) is rotated: renamed controlplane.log.1, older ones shifted to .2, .3 ..., and begun anew; 0 never rotates")
-	f.IntVar(&o.ControlPlaneLog.Keep, "controlplane-log-keep", 3, fmt.Sprintf("rotated control-plane logs kept (controlplane.log.1 to .N, the oldest removed), 0-%d; 0 keeps none", supervisor.MaxLogKeep))
+	f.IntVar(&o.ControlPlaneLog.Keep, "controlplane-log-keep", 3, fmt.Sprintf("rotated control-plane logs kept (controlplane.log.1 to .N, the oldest removed), 0-%d; 0 keeps none", logrotate.MaxKeep))
+	f.StringVar(&upgrade, "upgrade-strategy", string(supervisor.UpgradeRolling), "what a new daemon does with a control plane an earlier daemon left running on another build or configuration: rolling (replaced one tenant at a time, each once the one before serves, on the socket the daemon holds, so clients wait and are never refused; a new build that fails stops the rollout), on-restart (all replaced at once, as the daemon starts), manual (kept until each next restarts for another reason)")
+	f.StringVar(&o.BuiltinImages, "builtin-images", "", "a directory holding the built-in images (pause.tar, busybox.tar, as `socialweb image builtin --out DIR` writes them; the package ships them in /usr/lib/socialweb/images), loaded into the registry at start; empty builds them, which needs the Go toolchain and Debian's mirror")
+	f.StringVar(&onExit, "control-planes-on-exit", "stop", "what the control planes (the management API's too) do when the daemon stops: stop, or keep serving for the next serve to adopt (no tenant outage across a restart or upgrade; socialweb down stops them). A daemon killed or crashed always leaves them serving")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	documentEnv(f)
 	withConfigFile(cmd)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"time"
@@ -61,11 +62,26 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 		defer seed.close()
 	}
 
+	gateway := ""
+	if c.Tenant {
+		gateway = c.AdvertiseAddress
+	}
+	l, err := listenDual(c.Port, c.ListenFD, gateway, privateSocket, log)
+	if err != nil {
+		return fmt.Errorf("listening on port %d: %w", c.Port, err)
+	}
 	done := make(chan error, 4) // apiserver, controller-manager, node approver, scheduler
-	go func() { done <- wrap(APIServer, runAPIServer(ctx, c, log)) }()
+	apiDone := make(chan struct{})
+	go func() {
+		err := wrap(APIServer, runAPIServer(ctx, c, l, log))
+		close(apiDone)
+		done <- err
+	}()
 	if err := waitReady(ctx, c, done); err != nil {
+		l.Close()
 		return err
 	}
+	l.Open()
 	log.Info("apiserver ready", "url", c.URL(), "elapsed", time.Since(start).Round(time.Millisecond))
 	// Before the controller-manager starts changing what the seed is made of.
 	seed.ready(ctx)
@@ -96,11 +112,16 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 		go func() { done <- wrap(Scheduler, runScheduler(ctx, c)) }()
 	}
 
-	err := <-done
+	err = <-done
 	cancel()
-	// Give the others a moment to shut down cleanly (the apiserver drains
-	// its requests); the process exits after this anyway.
-	deadline := time.After(5 * time.Second)
+	// The apiserver drains its requests before it returns. Once it has, no other
+	// component can write anything, so they get a moment, not a long wait: a
+	// replacement (a rolling upgrade) waits for this exit with its clients held.
+	select {
+	case <-apiDone:
+	case <-time.After(5 * time.Second):
+	}
+	deadline := time.After(500 * time.Millisecond)
 	for running--; running > 0; running-- {
 		select {
 		case <-done:
@@ -159,7 +180,7 @@ func parse(name string, sets cliflag.NamedFlagSets, args []string) error {
 	return nil
 }
 
-func runAPIServer(ctx context.Context, c Config, log *slog.Logger) error {
+func runAPIServer(ctx context.Context, c Config, l net.Listener, log *slog.Logger) error {
 	s := apiserveroptions.NewServerRunOptions()
 	args := apiserverArgs(c)
 	if c.egressWalled() {
@@ -171,14 +192,6 @@ func runAPIServer(ctx context.Context, c Config, log *slog.Logger) error {
 	}
 	if err := parse("kube-apiserver", s.Flags(), args); err != nil {
 		return err
-	}
-	gateway := ""
-	if c.Tenant {
-		gateway = c.AdvertiseAddress
-	}
-	l, err := listenDual(c.Port, c.ListenFD, gateway, log)
-	if err != nil {
-		return fmt.Errorf("listening on port %d: %w", c.Port, err)
 	}
 	s.SecureServing.Listener = l
 	if err := s.GenericServerRunOptions.ComponentGlobalsRegistry.Set(); err != nil {
@@ -304,6 +317,11 @@ func waitReady(ctx context.Context, c Config, done <-chan error) error {
 	client, err := AdminHTTPClient(c)
 	if err != nil {
 		return err
+	}
+	// On the private socket: the port lets no one in before this says ready.
+	client.Transport.(*http.Transport).DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", privateSocket)
 	}
 	for {
 		select {

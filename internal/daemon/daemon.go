@@ -40,6 +40,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/datastore"
 	"github.com/socialweb-computer/socialweb/internal/frontdoor"
 	"github.com/socialweb-computer/socialweb/internal/lease"
+	"github.com/socialweb-computer/socialweb/internal/logrotate"
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
@@ -47,6 +48,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/pki"
 	"github.com/socialweb-computer/socialweb/internal/provider"
 	"github.com/socialweb-computer/socialweb/internal/registry"
+	"github.com/socialweb-computer/socialweb/internal/sdnotify"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
 )
 
@@ -138,7 +140,17 @@ type Options struct {
 	ControlPlaneEnv []string
 	// ControlPlaneLog bounds each control plane's controlplane.log (the management
 	// API's too): rotated past MaxSize bytes (0 never), Keep old files kept.
-	ControlPlaneLog supervisor.LogRotation
+	ControlPlaneLog logrotate.Rotation
+	// Upgrade is what this daemon does with a control plane an earlier daemon left
+	// running on another build or configuration (supervisor.Upgrade).
+	Upgrade supervisor.Upgrade
+	// BuiltinImages is a directory with the built-in images' tars (nodeservice.Config);
+	// empty builds them.
+	BuiltinImages string
+	// KeepControlPlanes leaves the control planes (the management API's too)
+	// running when the daemon stops: the next serve adopts them, and tenants see
+	// no outage across a restart; down stops them.
+	KeepControlPlanes bool
 	// CgroupParent is the cgroup each control plane gets a group of its own under
 	// (cgroup.Open); "" runs them without limits.
 	CgroupParent string
@@ -283,8 +295,11 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	if o.ControlPlaneLog.MaxSize < 0 {
 		return v, fmt.Errorf("--controlplane-log-max-size %d: want a size such as 50Mi, or 0 to never rotate", o.ControlPlaneLog.MaxSize)
 	}
-	if k := o.ControlPlaneLog.Keep; k < 0 || k > supervisor.MaxLogKeep {
-		return v, fmt.Errorf("--controlplane-log-keep %d: want 0-%d (0 keeps no rotated log)", k, supervisor.MaxLogKeep)
+	if k := o.ControlPlaneLog.Keep; k < 0 || k > logrotate.MaxKeep {
+		return v, fmt.Errorf("--controlplane-log-keep %d: want 0-%d (0 keeps no rotated log)", k, logrotate.MaxKeep)
+	}
+	if _, err := supervisor.ParseUpgrade(string(o.Upgrade)); o.Upgrade != "" && err != nil {
+		return v, fmt.Errorf("--upgrade-strategy: %w", err)
 	}
 	r, err := lease.ParseRange(o.PortRange)
 	if err != nil {
@@ -455,22 +470,37 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	if err := os.Chmod(v.StateDir, 0o700); err != nil {
 		return fmt.Errorf("restricting state dir: %w", err)
 	}
-	reapStale(v.StateDir, log)
+	stopRecord, err := recordDaemon(v.StateDir)
+	if err != nil {
+		return err
+	}
+	defer stopRecord()
+	// The build the control planes run: one an earlier daemon left running on
+	// this build is adopted, and one on another is upgraded.
+	digest, _, err := nodeimage.SHA256File(v.Executable)
+	if err != nil {
+		return fmt.Errorf("reading the build of %s: %w", v.Executable, err)
+	}
 
 	var prov *provider.Provider
-	sup := supervisor.New(log, supervisor.DefaultBackoff(), func(name string) {
+	sup := supervisor.New(log, supervisor.DefaultBackoff(), v.Upgrade, func(name string) {
 		if prov != nil {
 			prov.SupervisorHook(name)
 		}
 	})
-	sup.SetLogRotation(v.ControlPlaneLog)
 	defer func() {
+		if v.KeepControlPlanes {
+			log.Info("leaving the control planes running (--control-planes-on-exit keep): the next serve adopts them; socialweb down stops them")
+			return
+		}
 		log.Info("stopping every control plane")
 		sup.StopAll(10 * time.Second)
 		log.Info("stopped")
 	}()
 
-	mgmt, err := startManagement(ctx, v, sup, log)
+	reg.MustRegister(rolloutCollectors(sup)...)
+
+	mgmt, err := startManagement(ctx, v, digest, sup, log)
 	if err != nil {
 		return err
 	}
@@ -520,7 +550,8 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, TCGGuestASLR: v.TCGGuestASLR, BootTimeout: v.NodeBootTimeout,
 			SharedLayers: v.SharedLayers, Executable: v.Executable, WarmPool: v.WarmPool, WarmPoolShape: warmPoolShape(v.Defaults),
 			WarmPoolPrewarm: v.WarmPoolPrewarm, WarmPoolRefillDelay: v.WarmPoolRefillDelay, Upstream: v.upstream,
-			ImageCacheSize: v.ImageCacheSize, ClusterQuota: v.ImageClusterQuota, Cgroups: v.cgroups, BuildCache: cache},
+			ImageCacheSize: v.ImageCacheSize, ClusterQuota: v.ImageClusterQuota, Cgroups: v.cgroups, BuildCache: cache,
+			BuiltinImages: v.BuiltinImages},
 		nodeservice.Deps{Networks: nets, Plan: plan, Status: provider.ScaleStatus{Client: dyn}, Metrics: reg, Log: log})
 	if err != nil {
 		return err
@@ -540,18 +571,20 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		}()
 	}
 	prov = provider.New(provider.Config{
-		NodeNetworks: networks,
-		NodeServices: nodeServices,
-		StateDir:     v.StateDir,
-		Executable:   v.Executable,
-		Ports:        v.ports,
-		Networks:     v.networks,
-		Defaults:     v.Defaults,
-		Env:          v.ControlPlaneEnv,
-		FrontDoor:    door,
-		Cgroups:      v.cgroups,
-		Domain:       v.FrontDoorDomain,
-		BuildCache:   cache,
+		NodeNetworks:     networks,
+		NodeServices:     nodeServices,
+		StateDir:         v.StateDir,
+		Executable:       v.Executable,
+		Ports:            v.ports,
+		Networks:         v.networks,
+		Defaults:         v.Defaults,
+		Env:              v.ControlPlaneEnv,
+		ExecutableDigest: digest,
+		ControlPlaneLog:  v.ControlPlaneLog,
+		FrontDoor:        door,
+		Cgroups:          v.cgroups,
+		Domain:           v.FrontDoorDomain,
+		BuildCache:       cache,
 	}, log.With("component", "provider"), dyn, kube, v.store, sup)
 	ready.set(checkProvider, providerCheck(prov.Synced))
 	reg.MustRegister(prov.Collector())
@@ -565,6 +598,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		log.Info("front door", "address", doorListener.Addr().String(), "domain", v.FrontDoorDomain, "kubeconfigServer", door.Server())
 	}
 	log.Info("serving", "managementAPI", restCfg.Host, "kubeconfig", mgmt, "datastore", v.store.Describe(), "portRange", v.ports.String())
+	sdnotify.Serving(ctx, log) // systemd Type=notify: READY=1 now, STOPPING=1 when ctx ends
 	return prov.Run(ctx)
 }
 
@@ -589,24 +623,8 @@ func openBuildCache(v validated, reg prometheus.Registerer, log *slog.Logger) (*
 	return cache, nil
 }
 
-// reapStale kills control planes an earlier daemon left running; they are
-// restarted fresh by the provider rather than adopted.
-func reapStale(stateDir string, log *slog.Logger) {
-	records, _ := filepath.Glob(filepath.Join(stateDir, "clusters", "*", "instance.json"))
-	records = append(records, filepath.Join(stateDir, "mgmt", "instance.json"))
-	for _, r := range records {
-		killed, err := supervisor.Reap(r, 10*time.Second)
-		if err != nil {
-			log.Warn("reaping stale process", "record", r, "err", err)
-		}
-		if killed {
-			log.Info("reaped a control plane left by an earlier daemon", "record", r)
-		}
-	}
-}
-
 // startManagement runs the management API and returns its admin kubeconfig.
-func startManagement(ctx context.Context, v validated, sup *supervisor.Supervisor, log *slog.Logger) (string, error) {
+func startManagement(ctx context.Context, v validated, digest string, sup *supervisor.Supervisor, log *slog.Logger) (string, error) {
 	dir := filepath.Join(v.StateDir, "mgmt")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
@@ -623,19 +641,18 @@ func startManagement(ctx context.Context, v validated, sup *supervisor.Superviso
 		// first tenant of a new state dir starts seeded.
 		SeedDir: controlplane.SeedDirIn(v.StateDir),
 	}
-	if !portFree(v.APIPort) {
+	spec := provider.ControlPlaneSpec("mgmt", dir, v.Executable, v.ControlPlaneEnv, v.ControlPlaneLog)
+	// The port is the management API's if an earlier daemon left it running.
+	if _, alive, _ := supervisor.Running(spec.RecordPath); !alive && !portFree(v.APIPort) {
 		return "", fmt.Errorf("--api-port %d is in use on 127.0.0.1: stop what listens there (another socialweb serve?) or pick another port", v.APIPort)
 	}
 	if err := controlplane.Prepare(cfg); err != nil {
 		return "", err
 	}
-	sup.Start(supervisor.Spec{
-		Name: "mgmt", Path: v.Executable,
-		Args:       []string{"controlplane", "--config", filepath.Join(dir, controlplane.ConfigFile)},
-		Env:        v.ControlPlaneEnv,
-		LogPath:    filepath.Join(dir, "controlplane.log"),
-		RecordPath: filepath.Join(dir, "instance.json"),
-	})
+	if spec.Fingerprint, err = provider.Fingerprint(digest, spec.Args, spec.Env, filepath.Join(dir, controlplane.ConfigFile)); err != nil {
+		return "", err
+	}
+	sup.Start(spec)
 	client, err := controlplane.AdminHTTPClient(cfg)
 	if err != nil {
 		return "", err
@@ -742,4 +759,21 @@ func portFree(port int) bool {
 	}
 	l.Close()
 	return true
+}
+
+// daemonRecord is the running daemon's instance record in its state dir: down
+// refuses while it names a live process (the control planes may outlive it).
+func daemonRecord(stateDir string) string { return filepath.Join(stateDir, "daemon.json") }
+
+// recordDaemon writes this process's record; the returned func removes it. A
+// live daemon of the state dir already there is refused.
+func recordDaemon(stateDir string) (func(), error) {
+	path := daemonRecord(stateDir)
+	if id, alive, err := supervisor.Running(path); err == nil && alive {
+		return nil, fmt.Errorf("a daemon serves %s already (pid %d): stop it first, or give this one another --state-dir", stateDir, id.PID)
+	}
+	if err := supervisor.RecordSelf(path); err != nil {
+		return nil, fmt.Errorf("recording the daemon: %w", err)
+	}
+	return func() { _ = os.Remove(path) }, nil
 }

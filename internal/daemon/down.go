@@ -24,7 +24,7 @@ type DownReport struct {
 }
 
 // Down stops everything a daemon of stateDir leaves on the host once the daemon is gone:
-// control-plane processes that outlived it, node VMs (which survive a daemon on purpose,
+// control-plane processes that outlived it (a crash, or --control-planes-on-exit keep), node VMs (which survive a daemon on purpose,
 // for the next serve to adopt), and each cluster's node network. The state itself (the
 // clusters, their datastores and PKI) is kept: the next serve brings the clusters back
 // at zero nodes. It refuses, changing nothing, while a daemon serves stateDir.
@@ -36,12 +36,12 @@ func Down(ctx context.Context, stateDir string, nets *nodenet.Manager, log *slog
 	if _, err := os.Stat(stateDir); err != nil {
 		return rep, fmt.Errorf("state dir %s: %w: nothing of socialweb's to stop there", stateDir, err)
 	}
-	mgmtRecord := filepath.Join(stateDir, "mgmt", "instance.json")
-	if id, alive, err := supervisor.Running(mgmtRecord); err != nil {
-		return rep, fmt.Errorf("reading %s: %w", mgmtRecord, err)
+	if id, alive, err := supervisor.Running(daemonRecord(stateDir)); err != nil {
+		return rep, fmt.Errorf("reading %s: %w", daemonRecord(stateDir), err)
 	} else if alive {
-		return rep, fmt.Errorf("a daemon serves %s (its management API runs as pid %d): stop the daemon first (SIGTERM); then run down again", stateDir, id.PID)
+		return rep, fmt.Errorf("a daemon serves %s (pid %d): stop the daemon first (SIGTERM); then run down again", stateDir, id.PID)
 	}
+	mgmtRecord := filepath.Join(stateDir, "mgmt", "instance.json")
 
 	records, _ := filepath.Glob(filepath.Join(stateDir, "clusters", "*", "instance.json"))
 	records = append(records, mgmtRecord)

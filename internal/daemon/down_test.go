@@ -53,7 +53,7 @@ func TestDownRefusals(t *testing.T) {
 		{"no state dir given", func(*testing.T) string { return "" }, "--state-dir is required"},
 		{"missing state dir", func(t *testing.T) string { return filepath.Join(t.TempDir(), "nope") }, "nothing of socialweb's"},
 		{"a daemon serves it", func(t *testing.T) string {
-			// A live process stands in for the daemon's management API.
+			// A live process stands in for the daemon.
 			state := t.TempDir()
 			cmd := exec.Command("sleep", "60")
 			if err := cmd.Start(); err != nil {
@@ -65,8 +65,7 @@ func TestDownRefusals(t *testing.T) {
 				t.Fatal(err)
 			}
 			b, _ := json.Marshal(id)
-			os.MkdirAll(filepath.Join(state, "mgmt"), 0o700)
-			if err := os.WriteFile(filepath.Join(state, "mgmt", "instance.json"), b, 0o600); err != nil {
+			if err := os.WriteFile(daemonRecord(state), b, 0o600); err != nil {
 				t.Fatal(err)
 			}
 			return state

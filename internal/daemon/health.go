@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/socialweb-computer/socialweb/internal/buildinfo"
+	"github.com/socialweb-computer/socialweb/internal/supervisor"
 )
 
 // The checks of /readyz, by the names its body gives them.
@@ -193,4 +194,26 @@ func buildInfoCollector(i buildinfo.Info) prometheus.Collector {
 	}, []string{"version", "commit", "kubernetes", "go"})
 	g.WithLabelValues(i.Version, i.Commit, i.Kubernetes, i.Go).Set(1)
 	return g
+}
+
+// rolloutCollectors report this daemon's upgrade of control planes an earlier
+// daemon left on another build: how many it replaced and kept, and whether it
+// stopped (alert on socialweb_rollout_halted).
+func rolloutCollectors(sup *supervisor.Supervisor) []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "socialweb_rollout_halted",
+			Help: "1 when the upgrade of control planes to this build stopped at one that failed (see the log's \"rolling upgrade stopped\"); 0 otherwise"},
+			func() float64 {
+				if sup.Rollout().Halted != "" {
+					return 1
+				}
+				return 0
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "socialweb_rollout_replaced",
+			Help: "control planes of an earlier build or configuration this daemon replaced with its own"},
+			func() float64 { return float64(len(sup.Rollout().Replaced)) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "socialweb_rollout_kept",
+			Help: "control planes of an earlier build or configuration this daemon kept as they were (--upgrade-strategy manual, or after the rollout stopped)"},
+			func() float64 { return float64(len(sup.Rollout().Kept)) }),
+	}
 }

@@ -62,6 +62,10 @@ const (
 	BusyboxBash = "busybox-bash"
 )
 
+// Builtin are the images every registry is seeded with (nodes pull the pause image
+// for every Pod; busybox for the demo and the tests).
+func Builtin() []string { return []string{Pause, Busybox} }
+
 // Refs are the references each image is tagged with in its layout's index.json (and so
 // in the registry after Import).
 var Refs = map[string][]string{

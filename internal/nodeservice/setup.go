@@ -72,6 +72,11 @@ type Config struct {
 	Cgroups *cgroup.Hierarchy
 	// BuildCache, if on, is served to each cluster on its gateway (Host.BuildCache).
 	BuildCache *buildcache.Cache
+	// BuiltinImages, if set, is a directory holding the built-in images as OCI
+	// layout tars (pause.tar, busybox.tar: `socialweb image builtin`), loaded into
+	// the registry as they are; empty builds them (which needs the Go toolchain and
+	// Debian's mirror). The package ships them, for a host without Go.
+	BuiltinImages string
 }
 
 // GCInterval is how often the registry is garbage collected.
@@ -155,7 +160,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 			return nil, err
 		}
 	}
-	go seedImages(ctx, rs, log)
+	go seedImages(ctx, rs, cfg.BuiltinImages, log)
 	go collectGarbage(ctx, rs, cfg.ImageCacheSize, log.With("component", "registry"))
 	// qp itself, not a wrapper: the node services find its optional sides (Addresser,
 	// Diagnoser, EarlyBootWatcher, AcceleratorReporter) by type assertion.
@@ -212,13 +217,13 @@ func collectGarbage(ctx context.Context, rs *registry.Server, budget int64, log 
 	}
 }
 
-// seedImages builds the pause and busybox images locally and loads them into
-// the registry; nodes pull them from there.
-func seedImages(ctx context.Context, rs *registry.Server, log *slog.Logger) {
-	for _, name := range []string{images.Pause, images.Busybox} {
-		tarPath, digest, err := images.Build(ctx, name, images.Options{Logger: log})
+// seedImages loads the pause and busybox images into the registry, from dir
+// (BuiltinImages) or built here; nodes pull them from there.
+func seedImages(ctx context.Context, rs *registry.Server, dir string, log *slog.Logger) {
+	for _, name := range images.Builtin() {
+		tarPath, err := BuiltinImage(ctx, name, dir, log)
 		if err != nil {
-			log.Error("building image", "image", name, "err", err)
+			log.Error("the built-in image is missing from the registry", "image", name, "err", err)
 			continue
 		}
 		f, err := os.Open(tarPath)
@@ -232,8 +237,25 @@ func seedImages(ctx context.Context, rs *registry.Server, log *slog.Logger) {
 			log.Error("loading image into the registry", "image", name, "err", err)
 			continue
 		}
-		log.Info("image ready in the registry", "image", name, "digest", digest, "refs", refs)
+		log.Info("image ready in the registry", "image", name, "from", tarPath, "refs", refs)
 	}
+}
+
+// BuiltinImage is the OCI layout tar of built-in image name: dir/NAME.tar when dir
+// is set, else built (or found in the image cache).
+func BuiltinImage(ctx context.Context, name, dir string, log *slog.Logger) (string, error) {
+	if dir != "" {
+		p := filepath.Join(dir, name+".tar")
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("--builtin-images %s: %w (`socialweb image builtin --out %s` writes it)", dir, err, dir)
+		}
+		return p, nil
+	}
+	tarPath, _, err := images.Build(ctx, name, images.Options{Logger: log})
+	if err != nil {
+		return "", fmt.Errorf("building it: %w (a host without the Go toolchain takes them from --builtin-images, as the package does)", err)
+	}
+	return tarPath, nil
 }
 
 // clusterRoutes is one cluster's view of the host route table.

@@ -14,6 +14,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,6 +38,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/datastore"
 	"github.com/socialweb-computer/socialweb/internal/frontdoor"
 	"github.com/socialweb-computer/socialweb/internal/lease"
+	"github.com/socialweb-computer/socialweb/internal/logrotate"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
 	"github.com/socialweb-computer/socialweb/internal/nodeservice"
 	"github.com/socialweb-computer/socialweb/internal/pki"
@@ -76,8 +78,15 @@ type Config struct {
 	Ports      lease.Range
 	Networks   lease.Range
 	Defaults   Defaults
+	// ExecutableDigest names Executable's build (its SHA-256): a control plane an
+	// earlier daemon left running is adopted only if it runs the same build and
+	// configuration (supervisor.Spec.Fingerprint).
+	ExecutableDigest string
 	// Env is added to each control-plane process's environment (GOGC...).
 	Env []string
+	// ControlPlaneLog bounds each control plane's controlplane.log; the control
+	// plane rotates it itself (logrotate.Stdio).
+	ControlPlaneLog logrotate.Rotation
 	// Networks makes each cluster's node network; nil leaves clusters
 	// without one (loopback only, no nodes).
 	NodeNetworks Networks
@@ -204,6 +213,7 @@ func (p *Provider) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), p.informer.HasSynced) {
 		return fmt.Errorf("cluster informer did not sync")
 	}
+	p.reapUnwanted()
 	go p.probeLoop(ctx)
 	go p.sleepLoop(ctx)
 	go func() {
@@ -416,7 +426,9 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 			if err = p.stopNodeServices(ctx, c.Name); err != nil {
 				break
 			}
-			p.sup.Stop(ProcessName(c.Name), 10*time.Second)
+			if err = p.stopProcess(c.Name); err != nil {
+				break
+			}
 			p.forgetProbe(c.Name)
 		case OpRemoveData:
 			err = p.removeData(ctx, c)
@@ -576,12 +588,18 @@ func provisionedFor(cfg controlplane.Config, l lease.Lease) bool {
 }
 
 func (p *Provider) provision(ctx context.Context, c *v1.Cluster, l lease.Lease) error {
+	if err := p.adoptRestore(c); err != nil {
+		return err
+	}
 	dir := ClusterDir(p.cfg.StateDir, c.Name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
 	endpoint, err := p.store.Ensure(ctx, c.Name, dir)
 	if err != nil {
+		return err
+	}
+	if err := p.loadRestoredDatastore(ctx, c, dir, endpoint); err != nil {
 		return err
 	}
 	cfg, err := p.controlPlaneConfig(c, l, endpoint)
@@ -689,19 +707,30 @@ func (p *Provider) deleteSecret(ctx context.Context, name string) error {
 
 // start supervises the cluster's control plane; with a gate, its apiserver
 // accepts on the socket the daemon holds (fd 3) instead of binding the port.
+// A control plane an earlier daemon left running is adopted if its fingerprint
+// is this one's, and replaced as the daemon's upgrade strategy says if not.
 func (p *Provider) start(c *v1.Cluster, g *sleep.Gate) error {
 	dir := ClusterDir(p.cfg.StateDir, c.Name)
-	spec := supervisor.Spec{
-		Name:       ProcessName(c.Name),
-		Path:       p.cfg.Executable,
-		Args:       []string{"controlplane", "--config", filepath.Join(dir, controlplane.ConfigFile)},
-		Env:        p.cfg.Env,
-		LogPath:    filepath.Join(dir, "controlplane.log"),
-		RecordPath: filepath.Join(dir, "instance.json"),
-	}
+	configPath := filepath.Join(dir, controlplane.ConfigFile)
+	spec := ControlPlaneSpec(ProcessName(c.Name), dir, p.cfg.Executable, p.cfg.Env, p.cfg.ControlPlaneLog)
 	if g != nil {
 		spec.Args = append(spec.Args, "--listen-fd", "3")
 		spec.ExtraFiles = []*os.File{g.File()}
+	}
+	var err error
+	if spec.Fingerprint, err = Fingerprint(p.cfg.ExecutableDigest, spec.Args, spec.Env, configPath); err != nil {
+		return err
+	}
+	spec.Ready = func(ctx context.Context) error {
+		cfg, err := controlplane.ReadConfig(configPath)
+		if err != nil {
+			return err
+		}
+		client, err := controlplane.AdminHTTPClient(cfg)
+		if err != nil {
+			return err
+		}
+		return controlplane.ProbeUp(ctx, client, cfg)
 	}
 	if p.cfg.Cgroups != nil {
 		jail, err := p.cfg.Cgroups.Ensure(CgroupName(p.cfg.StateDir, c.Name), ControlPlaneLimits(c.Spec, p.cfg.Defaults))
@@ -712,6 +741,68 @@ func (p *Provider) start(c *v1.Cluster, g *sleep.Gate) error {
 	}
 	p.sup.Start(spec)
 	return nil
+}
+
+// stopProcess stops the cluster's control plane: the supervised one, or one an
+// earlier daemon left running that this one never started (the cluster was to
+// stop or sleep when this daemon came up).
+func (p *Provider) stopProcess(cluster string) error {
+	p.sup.Stop(ProcessName(cluster), 10*time.Second)
+	record := filepath.Join(ClusterDir(p.cfg.StateDir, cluster), "instance.json")
+	if _, err := supervisor.Reap(record, 10*time.Second); err != nil {
+		return fmt.Errorf("stopping the control plane an earlier daemon left: %w", err)
+	}
+	return nil
+}
+
+// reapUnwanted stops control planes an earlier daemon left running for clusters
+// that are gone (deleted while no daemon ran, or their state dir kept after
+// the management API lost them). Called once the informer has synced.
+func (p *Provider) reapUnwanted() {
+	records, _ := filepath.Glob(filepath.Join(p.cfg.StateDir, "clusters", "*", "instance.json"))
+	for _, r := range records {
+		name := filepath.Base(filepath.Dir(r))
+		if _, err := p.lister.Get(name); err == nil {
+			continue
+		}
+		killed, err := supervisor.Reap(r, 10*time.Second)
+		if err != nil {
+			p.log.Warn("stopping the control plane of a cluster that is gone", "cluster", name, "err", err)
+		} else if killed {
+			p.log.Info("stopped the control plane of a cluster that is gone", "cluster", name)
+		}
+	}
+}
+
+// ControlPlaneSpec is the process of the control plane whose files are in dir
+// (a tenant's, or the management API's), without its fingerprint.
+func ControlPlaneSpec(name, dir, executable string, env []string, rot logrotate.Rotation) supervisor.Spec {
+	logPath := filepath.Join(dir, "controlplane.log")
+	return supervisor.Spec{
+		Name: name,
+		Path: executable,
+		Args: []string{"controlplane", "--config", filepath.Join(dir, controlplane.ConfigFile),
+			"--log-file", logPath, "--log-max-size", strconv.FormatInt(rot.MaxSize, 10), "--log-keep", strconv.Itoa(rot.Keep)},
+		Env:        env,
+		LogPath:    logPath,
+		RecordPath: filepath.Join(dir, "instance.json"),
+	}
+}
+
+// Fingerprint names a control-plane run: the build, its command line and
+// environment, and its config file's contents. Two runs of one fingerprint
+// serve alike, so a daemon adopts one it finds running.
+func Fingerprint(digest string, args, env []string, configPath string) (string, error) {
+	config, err := os.ReadFile(configPath)
+	if err != nil {
+		return "", fmt.Errorf("reading the control plane's config: %w", err)
+	}
+	h := sha256.New()
+	for _, part := range [][]byte{[]byte(digest), []byte(strings.Join(args, "\x00")), []byte(strings.Join(env, "\x00")), config} {
+		fmt.Fprintf(h, "%d:", len(part))
+		h.Write(part)
+	}
+	return fmt.Sprintf("%x", h.Sum(nil)), nil
 }
 
 // CgroupName is the cgroup a cluster's control plane runs in, under the daemon's
@@ -840,6 +931,9 @@ func (p *Provider) removeData(ctx context.Context, c *v1.Cluster) error {
 		return err
 	}
 	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := p.removeStagedRestore(c); err != nil {
 		return err
 	}
 	if err := p.removeBuildCache(ctx, c.Name); err != nil {

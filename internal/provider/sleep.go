@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,6 +21,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/pki"
 	"github.com/socialweb-computer/socialweb/internal/scale"
 	"github.com/socialweb-computer/socialweb/internal/sleep"
+	"github.com/socialweb-computer/socialweb/internal/supervisor"
 	"github.com/socialweb-computer/socialweb/internal/window"
 )
 
@@ -90,19 +93,31 @@ func (p *Provider) observeSleep(c *v1.Cluster, o *Observed) {
 	o.Woke, o.WakeMsg, o.WakeErr = s.woke, s.wakeMsg, s.wakeErr
 }
 
-// gateFor returns the cluster's held port, binding it the first time; nil when
-// the cluster does not sleep (its apiserver binds the port itself, as before).
+// gateFor returns the cluster's held port, binding it (or taking it back from an
+// earlier daemon's control plane) the first time.
 func (p *Provider) gateFor(c *v1.Cluster, l lease.Lease) (*sleep.Gate, error) {
 	p.sleepMu.Lock()
 	defer p.sleepMu.Unlock()
-	s := p.sleepers[c.Name]
-	if s == nil && p.sleepAfter(c) == 0 {
-		return nil, nil
-	}
-	s = p.sleeperFor(c)
+	// Every cluster's port is held, whether it sleeps or not: the next run of its
+	// control plane (a restart, an upgrade) takes the same socket, and clients
+	// wait in its backlog instead of being refused.
+	s := p.sleeperFor(c)
 	if s.gate == nil {
-		// It wakes for the name the cluster's kubeconfigs and the door send.
-		g, err := sleep.Listen(c.Name, p.serverName(c.Name), l.Port, p.log)
+		// It wakes for the name the cluster's kubeconfigs and the door send. The
+		// socket of a control plane an earlier daemon left running is taken back
+		// from it: the port is bound once for the cluster's life.
+		var g *sleep.Gate
+		f, err := supervisor.TakeFile(filepath.Join(ClusterDir(p.cfg.StateDir, c.Name), "instance.json"), 3, "apiserver-listener")
+		if err == nil {
+			g, err = sleep.FromFile(c.Name, p.serverName(c.Name), f, p.log)
+		}
+		if err == nil && g.Addr() != net.JoinHostPort("127.0.0.1", strconv.Itoa(l.Port)) {
+			err = fmt.Errorf("the earlier control plane's socket is %s, not the cluster's port %d", g.Addr(), l.Port)
+			g.Close()
+		}
+		if err != nil {
+			g, err = sleep.Listen(c.Name, p.serverName(c.Name), l.Port, p.log)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -121,7 +136,9 @@ func (p *Provider) goToSleep(ctx context.Context, c *v1.Cluster, l lease.Lease) 
 	if err := p.stopNodeServices(ctx, c.Name); err != nil {
 		return err
 	}
-	p.sup.Stop(ProcessName(c.Name), 10*time.Second)
+	if err := p.stopProcess(c.Name); err != nil {
+		return err
+	}
 	p.forgetProbe(c.Name)
 	p.forgetTenantClient(c.Name)
 	// Nothing in a sleeping cluster names the network: it has no node and no

@@ -113,7 +113,7 @@ func TestGoToSleepKeepsOnlyThePort(t *testing.T) {
 		cfg:          Config{StateDir: dir, Defaults: Defaults{SleepAfter: time.Minute}, NodeNetworks: nets, Domain: "tenants.test"},
 		kube:         kube,
 		log:          slog.New(slog.DiscardHandler),
-		sup:          supervisor.New(slog.New(slog.DiscardHandler), supervisor.DefaultBackoff(), nil),
+		sup:          supervisor.New(slog.New(slog.DiscardHandler), supervisor.DefaultBackoff(), "", nil),
 		leases:       leaseStore{kube: kube, ports: lease.Range{Lo: 1024, Hi: 65535}, networks: lease.Range{Lo: 1, Hi: 190}},
 		probes:       map[string]*probe{},
 		sleepers:     map[string]*sleeper{},

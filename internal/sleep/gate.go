@@ -85,7 +85,32 @@ func Listen(cluster, serverName string, port int, log *slog.Logger) (*Gate, erro
 	if err != nil {
 		return nil, fmt.Errorf("holding the port of %s: %w", cluster, err)
 	}
-	return &Gate{cluster: cluster, serverName: serverName, addr: addr, file: f, log: log, hold: failHold, helloTimeout: helloTimeout}, nil
+	return newGate(cluster, serverName, addr, f, log), nil
+}
+
+// FromFile is Listen with the socket already bound: f, taken back from the
+// control plane an earlier daemon gave it to. The gate owns f.
+func FromFile(cluster, serverName string, f *os.File, log *slog.Logger) (*Gate, error) {
+	if serverName == "" {
+		f.Close()
+		return nil, fmt.Errorf("holding the port of %s: no server name to wake it by", cluster)
+	}
+	l, err := net.FileListener(f)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("holding the port of %s from its socket: %w", cluster, err)
+	}
+	defer l.Close()
+	tl, ok := l.(*net.TCPListener)
+	if !ok || !tl.Addr().(*net.TCPAddr).IP.IsLoopback() {
+		f.Close()
+		return nil, fmt.Errorf("holding the port of %s: the socket taken back listens on %s, not loopback TCP", cluster, l.Addr())
+	}
+	return newGate(cluster, serverName, tl.Addr().String(), f, log), nil
+}
+
+func newGate(cluster, serverName, addr string, f *os.File, log *slog.Logger) *Gate {
+	return &Gate{cluster: cluster, serverName: serverName, addr: addr, file: f, log: log, hold: failHold, helloTimeout: helloTimeout}
 }
 
 // AnswerWith gives the gate the apiserver's serving certificate and key, so

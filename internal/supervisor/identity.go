@@ -1,6 +1,9 @@
 // Package supervisor runs child processes, restarts them with backoff when
-// they crash, and records each one's identity on disk so that a later daemon
-// can find and reap a process an earlier daemon left behind.
+// they crash, and records each one's identity and fingerprint on disk. The
+// processes outlive the daemon (no parent-death signal, a log file of their
+// own): a later daemon adopts one of the same fingerprint and replaces one of
+// another build or configuration as its Upgrade says, and reaps one no longer
+// wanted.
 package supervisor
 
 import (
@@ -92,8 +95,14 @@ func (a Identity) Alive() bool {
 	return err == nil && cur.Same(a)
 }
 
-func writeRecord(path string, id Identity) error {
-	b, err := json.Marshal(id)
+// Record is an instance record: the process and what it runs (Spec.Fingerprint).
+type Record struct {
+	Identity
+	Fingerprint string `json:"fingerprint,omitempty"`
+}
+
+func writeRecord(path string, rec Record) error {
+	b, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
@@ -103,24 +112,25 @@ func writeRecord(path string, id Identity) error {
 	return os.Rename(path+".tmp", path)
 }
 
-func readRecord(path string) (Identity, error) {
-	var id Identity
+func readRecord(path string) (Record, error) {
+	var rec Record
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return id, err
+		return rec, err
 	}
-	if err := json.Unmarshal(b, &id); err != nil {
-		return id, fmt.Errorf("parsing instance record %s: %w", path, err)
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return rec, fmt.Errorf("parsing instance record %s: %w", path, err)
 	}
-	return id, nil
+	return rec, nil
 }
 
 // Reap kills the process an instance record names, if that exact process
-// still runs, and removes the record. It never adopts: a process from an
-// earlier daemon has state this daemon did not see being made. It returns
-// whether a process was killed.
+// still runs, and removes the record: a process no cluster wants any more
+// (deleted while no daemon ran, or stopped by down). It returns whether a
+// process was killed.
 func Reap(recordPath string, grace time.Duration) (bool, error) {
-	id, err := readRecord(recordPath)
+	rec, err := readRecord(recordPath)
+	id := rec.Identity
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
 	}
@@ -174,7 +184,8 @@ func terminate(id Identity, grace time.Duration) error {
 // Running reports the process an instance record names if that exact process still
 // runs. A missing record is not running.
 func Running(recordPath string) (Identity, bool, error) {
-	id, err := readRecord(recordPath)
+	rec, err := readRecord(recordPath)
+	id := rec.Identity
 	if errors.Is(err, os.ErrNotExist) {
 		return id, false, nil
 	}
@@ -182,4 +193,13 @@ func Running(recordPath string) (Identity, bool, error) {
 		return id, false, err
 	}
 	return id, id.Alive(), nil
+}
+
+// RecordSelf writes this process's instance record to path.
+func RecordSelf(path string) error {
+	id, err := Observe(os.Getpid())
+	if err != nil {
+		return err
+	}
+	return writeRecord(path, Record{Identity: id})
 }

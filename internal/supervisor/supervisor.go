@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,17 +14,28 @@ import (
 
 // Spec describes one supervised process.
 type Spec struct {
-	Name       string
-	Path       string
-	Args       []string
-	Env        []string
-	LogPath    string // stdout and stderr are appended here, rotated (SetLogRotation)
-	RecordPath string // the instance record (pid + start time + cmdline)
+	Name string
+	Path string
+	Args []string
+	Env  []string
+	// LogPath is opened to append and given to the process as its stdout and
+	// stderr: a file, not a pipe to the daemon, so the process outlives the
+	// daemon (it rotates the file itself; see logrotate.Stdio).
+	LogPath    string
+	RecordPath string // the instance record (pid + start time + cmdline + fingerprint)
+	// Fingerprint names what this run is: the build of Path and the configuration
+	// it reads. A later daemon adopts a running process of the same fingerprint
+	// and replaces one of another, as its Upgrade says.
+	Fingerprint string
+	// Ready, if set, reports whether a run serves (nil error). A rolling upgrade
+	// waits for it before it replaces the next process.
+	Ready func(ctx context.Context) error
 	// ExtraFiles are inherited by the process as fds 3, 4, ...: a listening socket
 	// the daemon keeps open across the process's runs. The caller keeps them open.
 	ExtraFiles []*os.File
 	// Jail, if set, holds the process in a group with limits (its cgroup): each run
-	// is moved in at once, and a run the kernel OOM-killed there says so.
+	// is moved in at once (an adopted one too), and a run the kernel OOM-killed
+	// there says so.
 	Jail Jail
 }
 
@@ -38,9 +50,11 @@ type Jail interface {
 type State struct {
 	Running  bool
 	PID      int
-	Since    time.Time // start of the current run, or time of the last exit
+	Since    time.Time // start of the current run (its adoption), or time of the last exit
 	Restarts int
 	LastExit string
+	// Adopted says the current run was started by an earlier daemon.
+	Adopted bool
 }
 
 // Backoff bounds the delay between restarts; it doubles per crash and resets
@@ -60,10 +74,10 @@ type Supervisor struct {
 	log      *slog.Logger
 	backoff  Backoff
 	onChange func(name string)
+	upgrade  *rollout
 
 	mu    sync.Mutex
 	procs map[string]*proc
-	rot   LogRotation
 }
 
 type proc struct {
@@ -76,27 +90,19 @@ type proc struct {
 }
 
 // New returns a supervisor; onChange (may be nil) is called after a process
-// starts or exits, so a controller can re-observe it.
-func New(log *slog.Logger, b Backoff, onChange func(name string)) *Supervisor {
+// starts or exits, so a controller can re-observe it. A process an earlier
+// daemon left running is handled as upgrade says (UpgradeRolling if empty).
+func New(log *slog.Logger, b Backoff, upgrade Upgrade, onChange func(name string)) *Supervisor {
 	if onChange == nil {
 		onChange = func(string) {}
 	}
-	return &Supervisor{log: log, backoff: b, onChange: onChange, procs: map[string]*proc{}}
+	return &Supervisor{log: log, backoff: b, onChange: onChange, procs: map[string]*proc{},
+		upgrade: newRollout(upgrade, log)}
 }
 
-// SetLogRotation bounds the logs of every process from its next run on; the
-// default never rotates.
-func (s *Supervisor) SetLogRotation(r LogRotation) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.rot = r
-}
-
-// outputGrace is how long a run's output is still copied after it exited: a
-// process it left behind may hold the pipe open (and Stop waits that long).
-const outputGrace = time.Second
-
-// Start begins supervising spec.Name; it is a no-op if already supervised.
+// Start begins supervising spec.Name; it is a no-op if already supervised. A
+// process of spec.RecordPath that still runs (an earlier daemon's) is adopted
+// or replaced, as the supervisor's Upgrade says.
 func (s *Supervisor) Start(spec Spec) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -118,6 +124,9 @@ func (s *Supervisor) State(name string) (State, bool) {
 	}
 	return p.state, true
 }
+
+// Rollout reports the upgrade in progress or halted (see Rollout).
+func (s *Supervisor) Rollout() RolloutState { return s.upgrade.state() }
 
 // Stop ends supervision: SIGTERM, then SIGKILL after grace. It returns once
 // the process is gone and its record removed; stopping an unknown name is a
@@ -160,36 +169,52 @@ func (s *Supervisor) set(p *proc, f func(*State)) {
 	s.onChange(p.spec.Name)
 }
 
+// run is one running instance: a child this supervisor started, or a process
+// of an earlier daemon it adopted.
+type run struct {
+	pid     int
+	exited  <-chan error // receives once, when the process is gone
+	signal  func(syscall.Signal) error
+	adopted bool
+}
+
 func (s *Supervisor) loop(p *proc) {
 	defer close(p.done)
 	log := s.log.With("process", p.spec.Name)
 	delay := s.backoff.Initial
+	// A process an earlier daemon left: adopted, or replaced (then the new run
+	// reports to the rollout once it serves or fails).
+	r, replacing := s.inherit(p, log)
 	for {
 		started := time.Now()
 		ooms := jailOOMs(p.spec.Jail)
-		cmd, logf, err := s.startOnce(p)
+		var err error
+		if r == nil {
+			r, err = s.startOnce(p)
+		}
 		if err != nil {
 			log.Error("start failed", "err", err)
 			s.set(p, func(st *State) { st.Running = false; st.LastExit = err.Error(); st.Since = time.Now() })
+			if replacing != nil {
+				replacing.failed(err.Error())
+				replacing = nil
+			}
 		} else {
-			s.set(p, func(st *State) { st.Running = true; st.PID = cmd.Process.Pid; st.Since = started })
-			exited := make(chan error, 1)
-			go func() {
-				// Wait returns once the output is copied (or outputGrace passed).
-				err := cmd.Wait()
-				if err := logf.Close(); err != nil {
-					log.Warn("closing the log", "err", err)
-				}
-				exited <- err
-			}()
+			adopted := r.adopted
+			s.set(p, func(st *State) { st.Running = true; st.PID = r.pid; st.Since = started; st.Adopted = adopted })
+			exited := r.exited
+			if replacing != nil {
+				exited = replacing.watch(p.spec, r.exited)
+				replacing = nil
+			}
 			select {
 			case err = <-exited:
 			case <-p.stop:
-				_ = cmd.Process.Signal(syscall.SIGTERM)
+				_ = r.signal(syscall.SIGTERM)
 				select {
 				case <-exited:
 				case <-time.After(p.stopGrace):
-					_ = cmd.Process.Kill()
+					_ = r.signal(syscall.SIGKILL)
 					<-exited
 				}
 				_ = removeRecord(p.spec.RecordPath)
@@ -206,6 +231,7 @@ func (s *Supervisor) loop(p *proc) {
 			log.Warn("process exited; restarting", "after", delay, "status", msg, "ran", time.Since(started).Round(time.Millisecond))
 			s.set(p, func(st *State) { st.Running = false; st.Restarts++; st.LastExit = msg; st.Since = time.Now() })
 		}
+		r = nil
 		if time.Since(started) > s.backoff.Reset {
 			delay = s.backoff.Initial
 		}
@@ -218,60 +244,95 @@ func (s *Supervisor) loop(p *proc) {
 	}
 }
 
-// startOnce starts one run; its log is closed by the caller after cmd.Wait.
-func (s *Supervisor) startOnce(p *proc) (*exec.Cmd, *logFile, error) {
-	s.mu.Lock()
-	rot := s.rot
-	s.mu.Unlock()
-	logf, err := openLogFile(p.spec.LogPath, rot, s.log.With("process", p.spec.Name))
-	if err != nil {
-		return nil, nil, err
+// inherit looks for a process of p's record that an earlier daemon left running.
+// It returns the run when adopting it; with the process replaced (stopped here),
+// it returns the rollout step the next run reports to. Neither: nothing ran.
+func (s *Supervisor) inherit(p *proc, log *slog.Logger) (*run, *step) {
+	rec, err := readRecord(p.spec.RecordPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
 	}
-	cmd, err := s.startCmd(p, logf)
 	if err != nil {
-		_ = logf.Close()
-		return nil, nil, err
+		log.Warn("unreadable instance record; starting afresh", "record", p.spec.RecordPath, "err", err)
+		_ = removeRecord(p.spec.RecordPath)
+		return nil, nil
 	}
-	return cmd, logf, nil
+	if !rec.Alive() {
+		_ = removeRecord(p.spec.RecordPath)
+		return nil, nil
+	}
+	same := rec.Fingerprint == p.spec.Fingerprint
+	var st *step
+	if !same {
+		// It serves until its turn comes (a rolling upgrade may queue it).
+		s.set(p, func(st *State) { st.Running = true; st.PID = rec.PID; st.Since = time.Now(); st.Adopted = true })
+		var keep bool
+		st, keep = s.upgrade.begin(p.spec.Name)
+		if !keep {
+			log.Info("replacing a process of another build or configuration", "pid", rec.PID, "upgrade", s.upgrade.mode)
+			t0 := time.Now()
+			if err := terminate(rec.Identity, 30*time.Second); err != nil {
+				log.Error("stopping the earlier process", "pid", rec.PID, "err", err)
+			}
+			log.Info("stopped the earlier process", "pid", rec.PID, "took", time.Since(t0).Round(time.Millisecond))
+			_ = removeRecord(p.spec.RecordPath)
+			return nil, st
+		}
+	}
+	r, err := adopt(rec.Identity, p.spec.Jail)
+	if err != nil {
+		log.Warn("adopting the earlier process failed; replacing it", "pid", rec.PID, "err", err)
+		_ = terminate(rec.Identity, 30*time.Second)
+		_ = removeRecord(p.spec.RecordPath)
+		return nil, nil
+	}
+	if same {
+		log.Info("adopted the process an earlier daemon started", "pid", rec.PID)
+	} else {
+		log.Warn("kept a process of another build or configuration", "pid", rec.PID, "upgrade", s.upgrade.mode,
+			"why", s.upgrade.keepReason())
+	}
+	return r, nil
 }
 
-func (s *Supervisor) startCmd(p *proc, logf *logFile) (*exec.Cmd, error) {
-	cmd := exec.CommandContext(context.Background(), p.spec.Path, p.spec.Args...)
-	cmd.Env = append(os.Environ(), p.spec.Env...)
-	// Not an *os.File: exec then gives the child one pipe for both, and copies
-	// from it through logf, which can rotate the file under it.
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.WaitDelay = outputGrace
-	cmd.ExtraFiles = p.spec.ExtraFiles
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		// Its own process group: a terminal's Ctrl-C reaches the daemon,
-		// which stops children in order, not all at once.
-		Setpgid: true,
-		// If the daemon dies without stopping it (kill -9), so does the child.
-		Pdeathsig: syscall.SIGKILL,
+// startOnce starts one run: stdout and stderr appended to its log file.
+func (s *Supervisor) startOnce(p *proc) (*run, error) {
+	logf, err := os.OpenFile(p.spec.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening the log: %w", err)
 	}
+	defer logf.Close() // the child has its own copy
+	cmd := exec.Command(p.spec.Path, p.spec.Args...)
+	cmd.Env = append(os.Environ(), p.spec.Env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = p.spec.ExtraFiles
+	// Its own session: a terminal's Ctrl-C reaches the daemon, which stops children
+	// in order, not all at once; and no parent-death signal: the process outlives a
+	// daemon that dies, for the next one to adopt.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	kill := func() { _ = cmd.Process.Kill(); <-exited }
 	if p.spec.Jail != nil {
 		// At once: a run outside its limits is a tenant on the loose. The process is
 		// still starting (a Go runtime), so nothing it allocated yet matters.
 		if err := p.spec.Jail.Add(cmd.Process.Pid); err != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
+			kill()
 			return nil, fmt.Errorf("limiting the process: %w", err)
 		}
 	}
 	id, err := ObserveStarted(cmd.Process.Pid)
 	if err == nil {
-		err = writeRecord(p.spec.RecordPath, id)
+		err = writeRecord(p.spec.RecordPath, Record{Identity: id, Fingerprint: p.spec.Fingerprint})
 	}
 	if err != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		kill()
 		return nil, fmt.Errorf("recording instance: %w", err)
 	}
-	return cmd, nil
+	return &run{pid: cmd.Process.Pid, exited: exited, signal: func(sig syscall.Signal) error { return cmd.Process.Signal(sig) }}, nil
 }
 
 // jailOOMs is j's OOM-kill count, -1 if it cannot be read (then no exit is

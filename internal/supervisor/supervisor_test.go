@@ -34,7 +34,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func TestCrashedProcessIsRestartedWithBackoff(t *testing.T) {
-	s := New(quietLog(), Backoff{Initial: 50 * time.Millisecond, Max: 100 * time.Millisecond, Reset: time.Minute}, nil)
+	s := New(quietLog(), Backoff{Initial: 50 * time.Millisecond, Max: 100 * time.Millisecond, Reset: time.Minute}, "", nil)
 	sp := spec(t, "crasher", "-c", "exit 3")
 	s.Start(sp)
 	defer s.Stop("crasher", time.Second)
@@ -46,7 +46,7 @@ func TestCrashedProcessIsRestartedWithBackoff(t *testing.T) {
 }
 
 func TestStopKillsAndRemovesRecord(t *testing.T) {
-	s := New(quietLog(), DefaultBackoff(), nil)
+	s := New(quietLog(), DefaultBackoff(), "", nil)
 	sp := spec(t, "sleeper", "-c", "trap '' TERM; sleep 30")
 	s.Start(sp)
 	waitFor(t, "running", func() bool { st, _ := s.State("sleeper"); return st.Running })
@@ -100,7 +100,7 @@ func TestReap(t *testing.T) {
 			}
 			tt.tamper(&id)
 			path := filepath.Join(t.TempDir(), "instance")
-			if err := writeRecord(path, id); err != nil {
+			if err := writeRecord(path, Record{Identity: id}); err != nil {
 				t.Fatal(err)
 			}
 			killed, err := Reap(path, time.Second)
@@ -169,7 +169,7 @@ func TestJail(t *testing.T) {
 		{"a jail that refuses", &fakeJail{fail: errors.New("no cgroup")}, "limiting the process: no cgroup", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := New(quietLog(), Backoff{Initial: 50 * time.Millisecond, Max: 100 * time.Millisecond, Reset: time.Minute}, nil)
+			s := New(quietLog(), Backoff{Initial: 50 * time.Millisecond, Max: 100 * time.Millisecond, Reset: time.Minute}, "", nil)
 			sp := spec(t, "jailed", "-c", "sleep 0.3; exit 3") // past its recording
 			sp.Jail = tc.jail
 			s.Start(sp)

@@ -206,8 +206,22 @@ func TestTwoClustersIsolatedAndSurviveRestarts(t *testing.T) {
 
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		t.Run(sig.String(), func(t *testing.T) {
+			pids := map[string]int{}
+			for name := range urls {
+				pids[name] = controlPlaneRunning(filepath.Join(d.stateDir, "clusters", name, "instance.json"))
+			}
 			d.stop(sig)
-			assertNoProcessesLeft(t, d.stateDir)
+			if sig == syscall.SIGTERM {
+				// --control-planes-on-exit stop, the default.
+				assertNoProcessesLeft(t, d.stateDir)
+			} else {
+				// A daemon killed leaves its control planes serving.
+				for name, pid := range pids {
+					if now := controlPlaneRunning(filepath.Join(d.stateDir, "clusters", name, "instance.json")); pid == 0 || now != pid {
+						t.Errorf("%s's control plane (pid %d) after the daemon was killed: running as %d; want it to outlive the daemon", name, pid, now)
+					}
+				}
+			}
 			d.start()
 			for name, url := range urls {
 				c := d.waitPhase(name, v1.PhaseReady, 2*time.Minute)
@@ -226,6 +240,13 @@ func TestTwoClustersIsolatedAndSurviveRestarts(t *testing.T) {
 			})
 			if !hasConfigMap(t, kA, "from-alpha") || !hasConfigMap(t, kB, "from-beta") {
 				t.Errorf("an object was lost across a %s restart", sig)
+			}
+			if sig == syscall.SIGKILL {
+				for name, pid := range pids {
+					if now := controlPlaneRunning(filepath.Join(d.stateDir, "clusters", name, "instance.json")); now != pid {
+						t.Errorf("%s's control plane is pid %d after the restart; want %d adopted", name, now, pid)
+					}
+				}
 			}
 		})
 	}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/socialweb-computer/socialweb/internal/boottimeline"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
+	"github.com/socialweb-computer/socialweb/internal/supervisor"
 )
 
 // binary is the socialweb binary under test, built once by TestMain.
@@ -59,9 +60,12 @@ type daemon struct {
 	apiPort   int
 	portRange string
 	extra     []string
-	cmd       *exec.Cmd
-	exited    chan struct{}
-	logPath   string
+	// binary, if set, is the socialweb build this daemon runs (an upgrade); else
+	// the build under test.
+	binary  string
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	logPath string
 	// lastWords, if a test sets it, is logged after the daemon's log when
 	// the test fails: the end of the output is what a CI summary keeps.
 	lastWords func() string
@@ -112,6 +116,12 @@ func newDaemon(t *testing.T, ports int, extra ...string) *daemon {
 			}
 		}
 		d.stop(syscall.SIGTERM)
+		if mgmtRunning(d.stateDir) {
+			// --control-planes-on-exit keep, or a daemon killed: down stops what it left.
+			if _, errOut, code := run("down", "--state-dir", d.stateDir); code != 0 {
+				t.Errorf("cleanup: socialweb down: %s", errOut)
+			}
+		}
 		if t.Failed() {
 			b, _ := os.ReadFile(d.logPath)
 			t.Logf("daemon log (tail):\n%s", tail(string(b), 40))
@@ -139,6 +149,9 @@ func (d *daemon) start() {
 	// listener open: its cmdline reads empty once its memory is gone, before its files
 	// are closed, so no process scan sees it. Its management port is what matters.
 	livetest.Eventually(d.t, 30*time.Second, 100*time.Millisecond, "the management API port to be free", func() bool {
+		if mgmtRunning(d.stateDir) {
+			return true // left serving (a kill -9, or keep): the daemon adopts it
+		}
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(d.apiPort)))
 		if err != nil {
 			return false
@@ -150,7 +163,11 @@ func (d *daemon) start() {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	d.cmd = exec.Command(binary, d.args()...)
+	bin := binary
+	if d.binary != "" {
+		bin = d.binary
+	}
+	d.cmd = exec.Command(bin, d.args()...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)
@@ -245,6 +262,21 @@ func (d *daemon) tenant(name string) (*rest.Config, kubernetes.Interface) {
 		d.t.Fatalf("parsing kubeconfig of %s: %v", name, err)
 	}
 	return cfg, kubernetes.NewForConfigOrDie(cfg)
+}
+
+// mgmtRunning says whether the management API of stateDir runs (its record names a
+// live process).
+func mgmtRunning(stateDir string) bool {
+	return controlPlaneRunning(filepath.Join(stateDir, "mgmt", "instance.json")) != 0
+}
+
+// controlPlaneRunning is the pid of the live process the instance record names, or 0.
+func controlPlaneRunning(record string) int {
+	id, alive, err := supervisor.Running(record)
+	if err != nil || !alive {
+		return 0
+	}
+	return id.PID
 }
 
 // assertNoProcessesLeft fails if any process still names the state dir.
