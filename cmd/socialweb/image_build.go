@@ -21,8 +21,8 @@ type imageBuildResult struct {
 
 func newImageBuildCommand() *cobra.Command {
 	var (
-		file, cacheDir, source, containerd, runc string
-		ensure                                   bool
+		file, cacheDir, source, containerd, runc, output string
+		ensure                                           bool
 	)
 	cmd := &cobra.Command{
 		Use:   "build [-f nodeimage.json] [--ensure]",
@@ -34,13 +34,17 @@ The image directory holds vmlinuz, initramfs.cpio.gz, rootfs.ext4 and manifest.j
 nodeimage.json values, and the agent, containerd and runc binaries (so the agent's source).
 Without --ensure the image is built even if one with the same fingerprint exists; with
 --ensure that one is reused. Progress goes to stderr; the last line on stdout is JSON:
-{"state":"built"|"reused","fingerprint":...,"dir":...}. Pass the dir to serve --node-image.
+{"state":"built"|"reused","fingerprint":...,"dir":...}; with -o dir it is the dir alone, for a
+shell variable. Pass the dir to serve --node-image.
 
 Needs root (debootstrap, chroot), the Debian tools hack/deps installs (gcc and libseccomp-dev
 for runc among them), and the Go toolchain
 (the agent is built from the socialweb source tree at --source).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "json" && output != "dir" {
+				return usageError{fmt.Errorf("-o %q: want json (the default) or dir", output)}
+			}
 			var data []byte
 			if file != "" {
 				var err error
@@ -66,6 +70,10 @@ for runc among them), and the Go toolchain
 			} else {
 				log.Info("node image built", "dir", res.Dir, "took", res.Duration)
 			}
+			if output == "dir" {
+				fmt.Println(res.Dir)
+				return nil
+			}
 			line, err := json.Marshal(imageBuildResult{State: res.State, Fingerprint: res.Fingerprint, Dir: res.Dir,
 				BuildSeconds: res.Duration.Seconds()})
 			if err != nil {
@@ -77,6 +85,7 @@ for runc among them), and the Go toolchain
 	}
 	f := cmd.Flags()
 	f.StringVarP(&file, "file", "f", "", "nodeimage.json (keys: vcpu, memMiB, diskMiB, headroomMiB, kernelPackage, suite, mirror, packages, cmdline, init); empty means all defaults")
+	f.StringVarP(&output, "output", "o", "json", "the last line on stdout: json (state, fingerprint, dir) or dir (the image directory alone)")
 	f.BoolVar(&ensure, "ensure", false, "reuse an image whose fingerprint matches instead of rebuilding it")
 	f.StringVar(&cacheDir, "cache-dir", nodeimage.DefaultCacheDir(), "where images, layers and guest program builds are cached")
 	f.StringVar(&source, "source", "", "the socialweb source tree the agent is built from; empty means the one containing the working directory")
