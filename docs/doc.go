@@ -1,0 +1,2 @@
+// Package docs holds the project's guides; its tests check them.
+package docs
