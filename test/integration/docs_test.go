@@ -38,10 +38,13 @@ func TestDocsRunbooks(t *testing.T) {
 		}
 		blocks = append(blocks, bs...)
 	}
-	// Each runbook the docs hold, and the longest it may take here (TCG included).
-	known := map[string]time.Duration{
-		"demo": 30 * time.Minute, // README: the main job, hack/demo
-		"tour": 30 * time.Minute, // README: the five-minute tour
+	// Each runbook the docs hold: how long it may take here (TCG included), where it
+	// runs, and what it expects to find.
+	known := map[string]runbookSetup{
+		"install": {limit: 20 * time.Minute, inCheckout: true}, // operator guide: from source
+		"demo":    {limit: 30 * time.Minute, inCheckout: true}, // README: the main job, hack/demo
+		"tour":    {limit: 30 * time.Minute, inCheckout: true}, // README: the five-minute tour
+		"backup":  {limit: 10 * time.Minute, cluster: "ci"},    // operator guide: backup, restore
 	}
 	names := runbook.Names(blocks)
 	if len(names) == 0 {
@@ -52,13 +55,26 @@ func TestDocsRunbooks(t *testing.T) {
 	}
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
-			limit, ok := known[name]
+			setup, ok := known[name]
 			if !ok {
 				t.Fatalf("runbook %q is not in TestDocsRunbooks' table: add it, with how long it may take", name)
 			}
-			runRunbook(t, root, name, runbook.Script(blocks, name), limit)
+			setup.root = root
+			runRunbook(t, name, runbook.Script(blocks, name), setup)
 		})
 	}
+}
+
+// runbookSetup is where and how a runbook runs.
+type runbookSetup struct {
+	limit time.Duration
+	// inCheckout runs it from the checkout's root (its commands name bin/ and hack/);
+	// else from an empty directory, with socialweb and kubectl on PATH.
+	inCheckout bool
+	// cluster, if set, is a cluster a daemon serves, Ready, before the script starts
+	// (pages that assume an installed service).
+	cluster string
+	root    string
 }
 
 // docFiles are the pages whose commands must be marked: README.md and docs/*.md
@@ -76,16 +92,36 @@ func docFiles(t *testing.T, root string) []string {
 	return files
 }
 
-func runRunbook(t *testing.T, root, name, script string, limit time.Duration) {
+func runRunbook(t *testing.T, name, script string, setup runbookSetup) {
+	root := setup.root
 	state := filepath.Join(t.TempDir(), "state")
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	ownState := true
+	if setup.cluster != "" {
+		d := newDaemon(t, 10)
+		d.start()
+		d.mustCLI("cluster", "create", setup.cluster, "--wait")
+		state, ownState = d.stateDir, false
+	}
+	dir := root
+	if !setup.inCheckout {
+		dir = t.TempDir()
+	}
+	// socialweb and kubectl on PATH, as the package and a kubectl install put them.
+	path := t.TempDir()
+	for cmd, target := range map[string]string{"socialweb": binary, "kubectl": filepath.Join(root, "bin", "kubectl")} {
+		if err := os.Symlink(target, filepath.Join(path, cmd)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), setup.limit)
 	defer cancel()
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
-	cmd.Dir = root
-	// The state dir is the runbook's own, through serve's env twin, so the commands
-	// read as a newcomer types them and touch nothing of the host's.
-	cmd.Env = append(os.Environ(), "SOCIALWEB_STATE_DIR="+state)
+	cmd.Dir = dir
+	// The state dir is the runbook's own (or its daemon's), through the env twin of
+	// --state-dir, so the commands read as a newcomer types them and touch nothing of
+	// the host's.
+	cmd.Env = append(os.Environ(), "SOCIALWEB_STATE_DIR="+state, "PATH="+path+":"+os.Getenv("PATH"))
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
@@ -99,12 +135,14 @@ func runRunbook(t *testing.T, root, name, script string, limit time.Duration) {
 				return syscall.Kill(-cmd.Process.Pid, 0) != nil
 			})
 		}
-		if _, err := os.Stat(state); err == nil {
+		if _, err := os.Stat(state); err == nil && ownState {
 			if _, errOut, code := run("down", "--state-dir", state); code != 0 {
 				t.Errorf("cleanup: socialweb down: %s", errOut)
 			}
 		}
-		assertNoProcessesLeft(t, state)
+		if ownState {
+			assertNoProcessesLeft(t, state)
+		}
 	})
 	before := gitStatus(t, root)
 	t0 := time.Now()
@@ -117,7 +155,7 @@ func runRunbook(t *testing.T, root, name, script string, limit time.Duration) {
 		}
 	}
 	if ctx.Err() != nil {
-		t.Fatalf("runbook %s did not finish within %s", name, limit)
+		t.Fatalf("runbook %s did not finish within %s", name, setup.limit)
 	}
 	if err != nil {
 		t.Fatalf("runbook %s: %v", name, err)
