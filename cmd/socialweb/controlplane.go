@@ -4,16 +4,15 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
 
 	"github.com/spf13/cobra"
 
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
 	"github.com/socialweb-computer/socialweb/internal/logrotate"
+	"github.com/socialweb-computer/socialweb/internal/syscallfilter"
 )
 
 // newControlPlaneCommand is what the daemon runs in each child process.
@@ -30,7 +29,9 @@ func newControlPlaneCommand() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := noNewPrivs(); err != nil {
+			// The control plane serves tenants: no_new_privs and a seccomp filter on
+			// every thread, before it reads a byte a tenant wrote.
+			if err := syscallfilter.Load(); err != nil {
 				return err
 			}
 			// The datastore and sockets it creates hold secrets.
@@ -60,26 +61,3 @@ func newControlPlaneCommand() *cobra.Command {
 	return cmd
 }
 
-// noNewPrivsEnv marks the process image that already runs with no_new_privs.
-const noNewPrivsEnv = "SOCIALWEB_CONTROLPLANE_NO_NEW_PRIVS"
-
-// noNewPrivs makes the control plane, which serves tenants, unable to gain
-// privileges through exec (setuid binaries, file capabilities) from here on.
-// The flag is per thread and the Go runtime already runs several, so it is set
-// on this one and the process image is executed again from it: every thread of
-// the new image has it. The pid, its cgroup and inherited fds stay.
-func noNewPrivs() error {
-	if os.Getenv(noNewPrivsEnv) != "" {
-		return nil
-	}
-	runtime.LockOSThread()
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("setting no_new_privs: %w", err)
-	}
-	// /proc/self/exe: this very build, even if an upgrade replaced the file.
-	env := append(os.Environ(), noNewPrivsEnv+"=1")
-	if err := syscall.Exec("/proc/self/exe", os.Args, env); err != nil {
-		return fmt.Errorf("running again with no_new_privs: %w", err)
-	}
-	return nil
-}

@@ -19,7 +19,7 @@ import (
 )
 
 // TestControlPlaneInItsBox: each tenant's control plane runs in a cgroup of its own
-// with its limits and with no_new_privs. One made to exceed its memory (a limit it
+// with its limits, with no_new_privs and a seccomp filter (internal/syscallfilter). One made to exceed its memory (a limit it
 // cannot start under) is OOM-killed there, the Cluster says so, and it is restarted;
 // the other tenant and the daemon do not notice.
 func TestControlPlaneInItsBox(t *testing.T) {
@@ -59,8 +59,10 @@ func TestControlPlaneInItsBox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(status), "\nNoNewPrivs:\t1\n") {
-		t.Errorf("ok's control plane %d runs without no_new_privs:\n%s", pid, status)
+	for _, want := range []string{"\nNoNewPrivs:\t1\n", "\nSeccomp:\t2\n"} {
+		if !strings.Contains(string(status), want) {
+			t.Errorf("ok's control plane %d runs without %q (no_new_privs, a seccomp filter):\n%s", pid, strings.TrimSpace(want), status)
+		}
 	}
 	cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	group := provider.CgroupName(d.stateDir, "ok")
