@@ -7,7 +7,6 @@ import (
 	"syscall"
 	"time"
 
-
 	"github.com/spf13/cobra"
 
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
@@ -60,4 +59,3 @@ func newControlPlaneCommand() *cobra.Command {
 	_ = cmd.MarkFlagRequired("config")
 	return cmd
 }
-

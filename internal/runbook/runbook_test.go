@@ -28,8 +28,8 @@ func TestParse(t *testing.T) {
 			want: []Block{{Line: 2, Runbook: "a", Text: "kubectl get nodes\n\nkubectl get pods"}},
 		},
 		{
-			name: "commands with no marker are refused",
-			md:   "Run:\n\n    socialweb cluster list\n",
+			name:    "commands with no marker are refused",
+			md:      "Run:\n\n    socialweb cluster list\n",
 			wantErr: "f.md:3: a block of commands with no marker",
 		},
 		{
