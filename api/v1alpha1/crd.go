@@ -55,9 +55,21 @@ func CRD() *apiextensionsv1.CustomResourceDefinition {
 			"controlPlaneCPUWeight": intRange("CPU share of the control plane, 1 to 10000 (100 is an ordinary process); 0 is the daemon's default", 0, 10000),
 			"idleNodes":             intRange("joined, Ready nodes of the smallest size kept up with nothing on them", 0, 1000),
 			"idleSchedule":          str("weekly window for idleNodes, e.g. Mon-Fri 08:00-18:00 Europe/Berlin; empty is always"),
-			"freshNodePerJob":       {Type: "boolean", Description: "a node a CI job Pod ran on takes nothing after it and is removed when the job ends, without the hold"},
-			"sleepAfter":            str("idle time before the control plane sleeps, e.g. 15m; 0 is never, at least 30s otherwise"),
-			"datastore":             {Type: "string", Enum: []apiextensionsv1.JSON{{Raw: []byte(`"sqlite"`)}, {Raw: []byte(`"postgres"`)}}},
+			"egress": {Type: "string", Description: "narrows the host's egress policy for this cluster: host (the host's) or none (no forwarded traffic)",
+				Enum: []apiextensionsv1.JSON{{Raw: []byte(`"host"`)}, {Raw: []byte(`"none"`)}}},
+			"egressDeny": {Type: "array", Description: "IPv4 CIDRs this cluster's forwarded traffic may not reach, on top of the host's --egress-deny",
+				MaxItems: ptr.To(int64(MaxEgressDeny)),
+				// The pattern gives the shape; CEL's CIDR library what the pattern cannot:
+				// octets, the length, and no bits past it (ValidateEgress, for kubectl).
+				XValidations: apiextensionsv1.ValidationRules{{
+					Rule:    "self.all(c, isCIDR(c) && cidr(c).ip().family() == 4 && cidr(c) == cidr(c).masked())",
+					Message: "egressDeny: each entry must be an IPv4 network such as 192.168.10.0/24, with no bits set past its length",
+				}},
+				Items: &apiextensionsv1.JSONSchemaPropsOrArray{Schema: &apiextensionsv1.JSONSchemaProps{Type: "string",
+					Pattern: `^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$`, MaxLength: ptr.To(int64(18))}}},
+			"freshNodePerJob": {Type: "boolean", Description: "a node a CI job Pod ran on takes nothing after it and is removed when the job ends, without the hold"},
+			"sleepAfter":      str("idle time before the control plane sleeps, e.g. 15m; 0 is never, at least 30s otherwise"),
+			"datastore":       {Type: "string", Enum: []apiextensionsv1.JSON{{Raw: []byte(`"sqlite"`)}, {Raw: []byte(`"postgres"`)}}},
 		},
 		// What the CLI refuses (ValidateNodeSizes), refused for kubectl too. A field that
 		// is absent or 0 takes the daemon's default, which never contradicts a set one.

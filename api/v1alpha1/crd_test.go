@@ -52,6 +52,10 @@ func TestCRDRules(t *testing.T) {
 		{"sleep after 15m", map[string]any{"sleepAfter": "15m0s"}, ""},
 		{"sleep too soon", map[string]any{"sleepAfter": "10s"}, "sleepAfter must be 0 (never) or at least 30s"},
 		{"negative disk", map[string]any{"maxNodeDisk": "-10Gi"}, "maxNodeDisk must not be negative"},
+		{"egress deny", map[string]any{"egressDeny": []any{"192.168.10.0/24", "203.0.113.7/32"}}, ""},
+		{"egress deny, bits past the length", map[string]any{"egressDeny": []any{"192.168.10.1/24"}}, "no bits set past its length"},
+		{"egress deny, an octet too big", map[string]any{"egressDeny": []any{"192.168.300.0/24"}}, "must be an IPv4 network"},
+		{"egress deny, a length too long", map[string]any{"egressDeny": []any{"10.0.0.0/33"}}, "must be an IPv4 network"},
 	}
 	for _, tc := range tests {
 		obj := map[string]any{"apiVersion": Group + "/" + Version, "kind": Kind, "metadata": map[string]any{"name": "ci"}, "spec": tc.spec}

@@ -14,6 +14,9 @@ func (c *Cluster) DeepCopy() *Cluster {
 	out.Spec.NodeDisk = c.Spec.NodeDisk.DeepCopy()
 	out.Spec.MaxNodeDisk = c.Spec.MaxNodeDisk.DeepCopy()
 	out.Spec.ControlPlaneMemory = c.Spec.ControlPlaneMemory.DeepCopy()
+	if c.Spec.EgressDeny != nil {
+		out.Spec.EgressDeny = append([]string(nil), c.Spec.EgressDeny...)
+	}
 	if c.Spec.SleepAfter != nil {
 		d := *c.Spec.SleepAfter
 		out.Spec.SleepAfter = &d

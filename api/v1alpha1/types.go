@@ -131,6 +131,14 @@ type ClusterSpec struct {
 	// socialweb.computer/ci-job) takes no other Pod after it and is removed as soon as the
 	// job's Pod ends, without the hold: one job per VM, never reused.
 	FreshNodePerJob bool `json:"freshNodePerJob,omitempty"`
+	// Egress narrows, for this cluster's nodes and Pods, where the host's egress policy
+	// (serve --egress, --egress-allow, --egress-deny) lets their forwarded traffic go:
+	// "" or "host" is the host's policy, "none" forwards nothing (not even what the host
+	// allows). A cluster can narrow the host's policy, never widen it.
+	Egress string `json:"egress,omitempty"`
+	// EgressDeny are IPv4 CIDRs this cluster's forwarded traffic may not reach, on top of
+	// the host's --egress-deny.
+	EgressDeny []string `json:"egressDeny,omitempty"`
 	// Datastore names the kind of datastore ("sqlite" or "postgres"); the
 	// daemon's configuration says where it is.
 	Datastore string `json:"datastore,omitempty"`

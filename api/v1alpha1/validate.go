@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -88,6 +89,43 @@ const (
 	MaxControlPlanePIDs   = 4194304
 	MaxControlPlaneWeight = 10000
 )
+
+// Egress values of ClusterSpec.Egress.
+const (
+	EgressHost = "host"
+	EgressNone = "none"
+)
+
+// MaxEgressDeny caps ClusterSpec.EgressDeny: each CIDR is an element of the cluster's
+// nftables set.
+const MaxEgressDeny = 64
+
+// ValidateEgress says what is wrong with spec's egress narrowing and what would be
+// accepted. name gives a field's name in messages (nil: its JSON name).
+func ValidateEgress(s ClusterSpec, name func(field string) string) error {
+	if name == nil {
+		name = func(f string) string { return f }
+	}
+	var errs []error
+	switch s.Egress {
+	case "", EgressHost, EgressNone:
+	default:
+		errs = append(errs, fmt.Errorf("%s %q: want host (the host's egress policy) or none (no forwarded traffic)", name("egress"), s.Egress))
+	}
+	if len(s.EgressDeny) > MaxEgressDeny {
+		errs = append(errs, fmt.Errorf("%s: %d CIDRs, want at most %d", name("egressDeny"), len(s.EgressDeny), MaxEgressDeny))
+	}
+	for _, c := range s.EgressDeny {
+		p, err := netip.ParsePrefix(c)
+		switch {
+		case err != nil || !p.Addr().Is4():
+			errs = append(errs, fmt.Errorf("%s %q: want an IPv4 CIDR such as 192.168.10.0/24 (one address: 192.168.10.7/32)", name("egressDeny"), c))
+		case p.Masked() != p:
+			errs = append(errs, fmt.Errorf("%s %q has bits set past its length: want %s", name("egressDeny"), c, p.Masked()))
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // ValidateControlPlaneLimits says what is wrong with spec's control-plane limits and
 // what would be accepted; a field left 0 takes the daemon's default. name gives a

@@ -80,3 +80,30 @@ func TestValidateSleepAfter(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateEgress(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		spec    ClusterSpec
+		wantErr string
+	}{
+		{"unset", ClusterSpec{}, ""},
+		{"host", ClusterSpec{Egress: EgressHost}, ""},
+		{"none with denies", ClusterSpec{Egress: EgressNone, EgressDeny: []string{"192.168.10.0/24", "203.0.113.7/32"}}, ""},
+		{"an unknown mode", ClusterSpec{Egress: "internet"}, `egress "internet": want host`},
+		{"an address with no length", ClusterSpec{EgressDeny: []string{"192.168.10.7"}}, "want an IPv4 CIDR"},
+		{"IPv6", ClusterSpec{EgressDeny: []string{"fd00::/8"}}, "want an IPv4 CIDR"},
+		{"bits past the length", ClusterSpec{EgressDeny: []string{"192.168.10.1/24"}}, "want 192.168.10.0/24"},
+		{"too many", ClusterSpec{EgressDeny: make([]string, MaxEgressDeny+1)}, "want at most 64"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ValidateEgress(tc.spec, nil)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("refused: %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("error %v, want one containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}

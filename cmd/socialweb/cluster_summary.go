@@ -69,6 +69,7 @@ func summarize(c *v1.Cluster, now time.Time, wide bool) string {
 	field(2, "Hold", s.hold())
 	field(2, "Idle nodes", s.idleNodes())
 	field(2, "Fresh node per job", yesNo(c.Spec.FreshNodePerJob))
+	field(2, "Egress", egressSummary(c.Spec))
 	field(2, "Sleep after", s.sleepAfter())
 	field(2, "Datastore", s.datastore())
 	field(2, "Control plane", s.controlPlane())
@@ -321,4 +322,16 @@ func shortDuration(d time.Duration) string {
 		s = strings.TrimSuffix(s, "0m")
 	}
 	return s
+}
+
+// egressSummary says how the cluster narrows the host's egress policy.
+func egressSummary(s v1.ClusterSpec) string {
+	out := "the host's policy"
+	if s.Egress == v1.EgressNone {
+		out = "none (nothing forwarded)"
+	}
+	if len(s.EgressDeny) > 0 {
+		out += "; also denied: " + strings.Join(s.EgressDeny, ", ")
+	}
+	return out
 }

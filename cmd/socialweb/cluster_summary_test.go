@@ -64,6 +64,7 @@ Spec:
   Hold:                  1m
   Idle nodes:            2 (Mon-Fri 08:00-18:00 Europe/Berlin)
   Fresh node per job:    yes
+  Egress:                the host's policy
   Sleep after:           10m
   Datastore:             sqlite
   Control plane:         memory 2Gi, pids 4096, cpu weight 100
@@ -138,6 +139,7 @@ func TestClusterSummary(t *testing.T) {
 			"  Hold:                  default\n",
 			"  Idle nodes:            none\n",
 			"  Fresh node per job:    no\n",
+			"  Egress:                the host's policy\n",
 			"  Sleep after:           default\n",
 			"  Datastore:             default\n",
 			"  Control plane:         memory default, pids default, cpu weight default\n",
@@ -222,6 +224,21 @@ func TestShortDuration(t *testing.T) {
 	for _, tt := range tests {
 		if got := shortDuration(tt.d); got != tt.want {
 			t.Errorf("shortDuration(%s) = %q, want %q", tt.d, got, tt.want)
+		}
+	}
+}
+
+func TestEgressSummary(t *testing.T) {
+	for _, tc := range []struct {
+		spec v1.ClusterSpec
+		want string
+	}{
+		{v1.ClusterSpec{}, "the host's policy"},
+		{v1.ClusterSpec{Egress: v1.EgressHost, EgressDeny: []string{"192.168.10.0/24"}}, "the host's policy; also denied: 192.168.10.0/24"},
+		{v1.ClusterSpec{Egress: v1.EgressNone, EgressDeny: []string{"1.1.1.0/24", "8.8.8.8/32"}}, "none (nothing forwarded); also denied: 1.1.1.0/24, 8.8.8.8/32"},
+	} {
+		if got := egressSummary(tc.spec); got != tc.want {
+			t.Errorf("egressSummary(%+v) = %q, want %q", tc.spec, got, tc.want)
 		}
 	}
 }

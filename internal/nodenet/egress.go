@@ -87,6 +87,23 @@ type EgressPolicy struct {
 	HostTCP []int
 }
 
+// Narrowing is what one cluster takes away from the host's EgressPolicy (its
+// Cluster's egress and egressDeny): it can close more, never open anything.
+type Narrowing struct {
+	None bool           // forward nothing, not even the host's Allow
+	Deny []netip.Prefix // closed on top of the host's Deny
+}
+
+// Narrow is e as the cluster n narrows it.
+func (e EgressPolicy) Narrow(n Narrowing) EgressPolicy {
+	out := e
+	out.Deny = slices.Concat(e.Deny, n.Deny)
+	if n.None {
+		out.Mode, out.Allow = EgressNone, nil
+	}
+	return out
+}
+
 // Walled returns the IPv4 ranges a cluster's forwarded traffic may not
 // reach unless the operator opens them: this network, RFC 1918, CGNAT,
 // loopback, link-local (the cloud metadata address among them), multicast

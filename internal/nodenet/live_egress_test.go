@@ -100,7 +100,7 @@ func TestLiveEgressWalls(t *testing.T) {
 		regPort, otherPort = livetest.FreePort(t), livetest.FreePort(t)
 	}
 	served := Served{APIServer: apiPort, Registry: regPort}
-	if err := m.Ensure(ctx, "egress", pe, served); err != nil {
+	if err := m.Ensure(ctx, "egress", pe, served, Narrowing{}); err != nil {
 		t.Fatal(err)
 	}
 	gw, node := pe.Gateway.String(), NodeAddress(pe, 11).String()
@@ -162,13 +162,14 @@ func TestLiveEgressWalls(t *testing.T) {
 			t.Errorf("%s: counters %v, want egress >= %d and host >= %d", phase, got, wantEgress, wantHost)
 		}
 	}
-	ensure := func(e EgressPolicy) {
+	ensureNarrowed := func(e EgressPolicy, n Narrowing) {
 		t.Helper()
 		m = manager(e)
-		if err := m.Ensure(ctx, "egress", pe, served); err != nil {
+		if err := m.Ensure(ctx, "egress", pe, served, n); err != nil {
 			t.Fatal(err)
 		}
 	}
+	ensure := func(e EgressPolicy) { t.Helper(); ensureNarrowed(e, Narrowing{}) }
 	other := strconv.Itoa(otherPort)
 	lan, meta, hostNet, inet := lanIP+":8080", metaIP+":80", hostNetIP+":8080", inetIP+":8080"
 
@@ -244,6 +245,25 @@ func TestLiveEgressWalls(t *testing.T) {
 		attempt{"the internet, denied", inet, refused},
 	)
 	denied("deny", 2, 0)
+
+	// A Cluster narrows the host's policy (spec.egress, spec.egressDeny): none takes
+	// even the host's allowed LAN away; a deny of its own closes the internet.
+	lanOpen := EgressPolicy{Allow: []netip.Prefix{netip.MustParsePrefix("192.168.251.0/24")}}
+	// The kernel rate-limits the ICMP a reject sends to one address (a burst of 6, then
+	// one a second): the phases above spent the burst, so let it refill.
+	time.Sleep(4 * time.Second)
+	ensureNarrowed(lanOpen, Narrowing{None: true})
+	reach("cluster none: the apiserver on the gateway", net.JoinHostPort(gw, strconv.Itoa(apiPort)), node)
+	blocked(
+		attempt{"cluster none: the LAN the host allows", lan, refused},
+		attempt{"cluster none: the internet", inet, refused},
+	)
+	denied("cluster none", 2, 0)
+	time.Sleep(2 * time.Second)
+	ensureNarrowed(lanOpen, Narrowing{Deny: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}})
+	reach("cluster deny: the LAN the host allows", lan, lanHost)
+	blocked(attempt{"cluster deny: the internet it denies", inet, refused})
+	denied("cluster deny", 1, 0)
 
 	// Tear down: the node, the stand-ins, the cluster (twice); nothing of ours is left.
 	for _, l := range []string{"swe194n", "swe194l", "swe194m", "swe194h", "swe194i"} {

@@ -270,7 +270,7 @@ func TestLiveStandInGuests(t *testing.T) {
 	}{{"live-a", pa}, {"live-b", pb}, {"live-a", pa}} { // the second Ensure of A must change nothing
 		// 8081: B serves its "apiserver" there (below), 5001 its build cache; A1 must
 		// reach neither of B's, and does reach its own build cache.
-		if err := m.Ensure(ctx, c.name, c.p, Served{APIServer: 8081, BuildCache: 5001}); err != nil {
+		if err := m.Ensure(ctx, c.name, c.p, Served{APIServer: 8081, BuildCache: 5001}, Narrowing{}); err != nil {
 			t.Fatal(err)
 		}
 	}

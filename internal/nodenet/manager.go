@@ -70,8 +70,9 @@ func checkPlan(p Plan) error {
 
 // Ensure creates (or repairs) the cluster's bridge, gateway address,
 // forwarding sysctl and nftables table. served are the ports the host serves
-// the cluster on its gateway: the only ones its nodes may open there.
-func (m *Manager) Ensure(ctx context.Context, cluster string, plan Plan, served Served) error {
+// the cluster on its gateway: the only ones its nodes may open there; narrow is
+// what the cluster takes away from the host's egress policy.
+func (m *Manager) Ensure(ctx context.Context, cluster string, plan Plan, served Served, narrow Narrowing) error {
 	if err := checkPlan(plan); err != nil {
 		return err
 	}
@@ -79,7 +80,8 @@ func (m *Manager) Ensure(ctx context.Context, cluster string, plan Plan, served 
 	if err := served.check(); err != nil {
 		return fmt.Errorf("ensuring the network of cluster %s: %w", cluster, err)
 	}
-	if err := m.Egress.check(); err != nil {
+	egress := m.Egress.Narrow(narrow)
+	if err := egress.check(); err != nil {
 		return fmt.Errorf("ensuring the network of cluster %s: egress policy: %w", cluster, err)
 	}
 	m.mu.Lock()
@@ -105,7 +107,7 @@ func (m *Manager) Ensure(ctx context.Context, cluster string, plan Plan, served 
 	if err != nil {
 		return err
 	}
-	if _, err := m.cmd(ctx, Ruleset(cluster, plan, served, m.Egress, hostNets), "nft", "-f", "-"); err != nil {
+	if _, err := m.cmd(ctx, Ruleset(cluster, plan, served, egress, hostNets), "nft", "-f", "-"); err != nil {
 		return explain(err, "installing nftables table %s %s", tableFamily, TableName(plan.Index))
 	}
 	if err := m.dockerUser(ctx, plan, true); err != nil {
@@ -114,7 +116,7 @@ func (m *Manager) Ensure(ctx context.Context, cluster string, plan Plan, served 
 	m.ensured[plan.Index] = cluster
 	m.log.Info("cluster network ensured", "cluster", cluster, "bridge", br, "gateway", gw,
 		"table", tableFamily+" "+TableName(plan.Index), "gatewayTCP", served.tcpPorts(),
-		"egress", m.Egress.mode(), "hostNetworks", hostNets)
+		"egress", egress.mode(), "egressDeny", len(egress.Deny), "hostNetworks", hostNets)
 	return nil
 }
 

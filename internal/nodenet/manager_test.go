@@ -117,7 +117,7 @@ func TestEnsureCommands(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRecorder(tc.rules...)
-			err := NewManager(r, nil).Ensure(context.Background(), "c1", plan(t, 3), testServed())
+			err := NewManager(r, nil).Ensure(context.Background(), "c1", plan(t, 3), testServed(), Narrowing{})
 			switch {
 			case tc.wantErr == "" && err != nil:
 				t.Fatalf("Ensure: %v", err)
@@ -147,7 +147,7 @@ func TestEnsureCommands(t *testing.T) {
 		r := newRecorder()
 		m := NewManager(r, nil)
 		m.Egress = bad.egress
-		if err := m.Ensure(context.Background(), "c1", bad.plan, bad.served); err == nil {
+		if err := m.Ensure(context.Background(), "c1", bad.plan, bad.served, Narrowing{}); err == nil {
 			t.Errorf("Ensure accepted %s", bad.name)
 		}
 		sameCalls(t, r.calls, nil) // refused before anything is made
@@ -335,6 +335,45 @@ func TestRulesetPolicies(t *testing.T) {
 	}
 }
 
+// A cluster narrows the host's policy: it closes more, and "none" takes even the host's
+// allow list away; nothing a cluster says opens anything.
+func TestNarrow(t *testing.T) {
+	pfx := func(ss ...string) []netip.Prefix {
+		var ps []netip.Prefix
+		for _, s := range ss {
+			ps = append(ps, netip.MustParsePrefix(s))
+		}
+		return ps
+	}
+	host := EgressPolicy{Allow: pfx("192.168.5.0/24"), Deny: pfx("1.1.1.0/24"), HostTCP: []int{2222}}
+	for _, tc := range []struct {
+		name   string
+		host   EgressPolicy
+		narrow Narrowing
+		want   EgressPolicy
+	}{
+		{"nothing narrowed is the host's", host, Narrowing{}, EgressPolicy{Allow: pfx("192.168.5.0/24"), Deny: pfx("1.1.1.0/24"), HostTCP: []int{2222}}},
+		{"more denied", host, Narrowing{Deny: pfx("203.0.113.0/24")},
+			EgressPolicy{Allow: pfx("192.168.5.0/24"), Deny: pfx("1.1.1.0/24", "203.0.113.0/24"), HostTCP: []int{2222}}},
+		{"none drops the host's allow list", host, Narrowing{None: true},
+			EgressPolicy{Mode: EgressNone, Deny: pfx("1.1.1.0/24"), HostTCP: []int{2222}}},
+		{"a host at none stays none", EgressPolicy{Mode: EgressNone}, Narrowing{}, EgressPolicy{Mode: EgressNone}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.host.Narrow(tc.narrow)
+			if got.mode() != tc.want.mode() || !slices.Equal(got.Allow, tc.want.Allow) || !slices.Equal(got.Deny, tc.want.Deny) || !slices.Equal(got.HostTCP, tc.want.HostTCP) {
+				t.Errorf("Narrow = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+	// The host's own slices are not written through.
+	before := slices.Clone(host.Deny)
+	_ = host.Narrow(Narrowing{Deny: pfx("8.8.8.8/32")})
+	if !slices.Equal(host.Deny, before) {
+		t.Errorf("Narrow changed the host's deny list to %v", host.Deny)
+	}
+}
+
 func TestParseEgress(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
@@ -417,7 +456,7 @@ func TestDeniedCounters(t *testing.T) {
 	sameCalls(t, r.calls, []string{"nft -j list counters"})
 
 	// The metrics name only clusters this Manager ensured.
-	if err := m.Ensure(context.Background(), "c1", plan(t, 3), testServed()); err != nil {
+	if err := m.Ensure(context.Background(), "c1", plan(t, 3), testServed(), Narrowing{}); err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewPedanticRegistry()
@@ -440,7 +479,7 @@ socialweb_node_network_denied_packets_total{cluster="c1",wall="host"} 2
 	}
 	r = newRecorder(rule{prefix: "nft -j", err: failed("Error: Could not process rule: Operation not permitted")})
 	m = NewManager(r, nil)
-	if err := m.Ensure(context.Background(), "c1", plan(t, 3), testServed()); err != nil {
+	if err := m.Ensure(context.Background(), "c1", plan(t, 3), testServed(), Narrowing{}); err != nil {
 		t.Fatal(err)
 	}
 	reg = prometheus.NewPedanticRegistry()

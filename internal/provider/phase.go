@@ -25,7 +25,10 @@ const (
 	// OpSleep stops the node services and the control-plane process, keeping data
 	// and port, gives back the node network, and makes the daemon accept on the
 	// port so the first connection wakes the cluster.
-	OpSleep           Op = "Sleep"
+	OpSleep Op = "Sleep"
+	// OpEnsureNetwork applies the node network's rules again: the Cluster's egress
+	// narrowing changed while it runs.
+	OpEnsureNetwork   Op = "EnsureNetwork"
 	OpRemoveData      Op = "RemoveData"
 	OpReleaseLease    Op = "ReleaseLease"
 	OpRemoveFinalizer Op = "RemoveFinalizer"
@@ -48,6 +51,9 @@ type Observed struct {
 	// Asleep: the cluster went to sleep and nothing has woken it since; its
 	// control plane stays stopped.
 	Asleep bool
+	// NetworkStale: the node network's rules were made for another egress narrowing
+	// than the Cluster's spec says now.
+	NetworkStale bool
 	// Gated: the daemon accepts on the cluster's port for it, or holds a
 	// connection that woke it.
 	Gated bool
@@ -143,6 +149,9 @@ func Decide(o Observed) Plan {
 			msg += "; the last run " + o.Process.LastExit
 		}
 		p.cond(v1.ConditionRunning, true, "Running", msg, o.Now)
+		if o.NetworkStale {
+			p.Ops = append(p.Ops, OpEnsureNetwork)
+		}
 	default:
 		p.cond(v1.ConditionRunning, false, "Exited", fmt.Sprintf("%s; restarting with backoff (%d restarts); see controlplane.log in the cluster's state dir", o.Process.LastExit, o.Process.Restarts), o.Now)
 	}

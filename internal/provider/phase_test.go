@@ -54,6 +54,18 @@ func TestDecide(t *testing.T) {
 			wantCond:  map[string]string{v1.ConditionProvisioned: "ProvisionFailed"},
 		},
 		{
+			name:      "a changed egress narrowing re-applies the running cluster's network rules",
+			obs:       Observed{Now: now, HasFinalizer: true, Lease: l, Provisioned: true, Process: running, NetworkStale: true, Probe: ProbeState{OK: true}},
+			wantPhase: v1.PhaseReady,
+			wantOps:   []Op{OpEnsureNetwork},
+			wantCond:  map[string]string{v1.ConditionRunning: "Running", v1.ConditionReady: "ReadyzOK"},
+		},
+		{
+			name:      "a stale network of an asleep cluster waits for the wake",
+			obs:       Observed{Now: now, HasFinalizer: true, Lease: portOnly, Provisioned: true, Asleep: true, Gated: true, NetworkStale: true},
+			wantPhase: v1.PhaseAsleep,
+		},
+		{
 			name:      "going to sleep stops node services and the process and gates the port",
 			obs:       Observed{Now: now, HasFinalizer: true, Lease: l, Provisioned: true, Process: running, Asleep: true},
 			wantPhase: v1.PhaseAsleep,

@@ -115,7 +115,8 @@ type Networks interface {
 	// Ensure creates the cluster's bridge, addresses and rules; idempotent.
 	// served are the ports the host serves the cluster's nodes on its gateway,
 	// the only ones they may open there.
-	Ensure(ctx context.Context, cluster string, plan nodenet.Plan, served nodenet.Served) error
+	// narrow is what the cluster takes away from the host's egress policy.
+	Ensure(ctx context.Context, cluster string, plan nodenet.Plan, served nodenet.Served, narrow nodenet.Narrowing) error
 	// Remove deletes them; removing what is gone is not an error.
 	Remove(ctx context.Context, cluster string, plan nodenet.Plan) error
 }
@@ -147,6 +148,10 @@ type Provider struct {
 	// the door) reaches existing clusters too; a sleeping one gets its
 	// admin kubeconfig at once (goToSleep). Under failMu.
 	prepared map[string]bool
+	// egressApplied is, per cluster, the egress narrowing (egressKey) its node
+	// network's rules were last made with: a Cluster edit that changes it
+	// re-applies them (OpEnsureNetwork). Under failMu.
+	egressApplied map[string]string
 	// sleepers is the sleep state of clusters that may sleep (sleep.go).
 	sleepMu      sync.Mutex
 	sleepers     map[string]*sleeper
@@ -177,6 +182,8 @@ func New(cfg Config, log *slog.Logger, dyn dynamic.Interface, kube kubernetes.In
 		failures: map[string]map[Op]error{},
 		prepared: map[string]bool{},
 		sleepers: map[string]*sleeper{},
+
+		egressApplied: map[string]string{},
 
 		sleepMetrics: sleep.NewMetrics(),
 	}
@@ -335,6 +342,9 @@ func (p *Provider) observe(ctx context.Context, c *v1.Cluster) (Observed, error)
 	p.failMu.Lock()
 	o.LeaseErr = p.failures[c.Name][OpLease]
 	o.ProvisionErr = p.failures[c.Name][OpProvision]
+	if applied, ok := p.egressApplied[c.Name]; ok && l != nil && l.HasNetwork() {
+		o.NetworkStale = applied != egressKey(c.Spec)
+	}
 	p.failMu.Unlock()
 	dir := ClusterDir(p.cfg.StateDir, c.Name)
 	if _, err := os.Stat(dir); err == nil {
@@ -411,7 +421,7 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 			}
 			// The bridge is made before every start, not only at provision:
 			// a host reboot loses it while the cluster's files remain.
-			if err = p.ensureNetwork(ctx, c.Name, *obs.Lease); err != nil {
+			if err = p.ensureNetwork(ctx, c, *obs.Lease); err != nil {
 				break
 			}
 			// A cluster that may sleep starts on the port the daemon holds.
@@ -419,6 +429,8 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 			if g, err = p.gateFor(c, *obs.Lease); err == nil {
 				err = p.start(c, g)
 			}
+		case OpEnsureNetwork:
+			err = p.ensureNetwork(ctx, c, *obs.Lease)
 		case OpSleep:
 			err = p.goToSleep(ctx, c, *obs.Lease)
 		case OpStop:
@@ -880,10 +892,11 @@ func (p *Provider) removeOrphanNetworks(ctx context.Context) error {
 	return nil
 }
 
-func (p *Provider) ensureNetwork(ctx context.Context, cluster string, l lease.Lease) error {
+func (p *Provider) ensureNetwork(ctx context.Context, c *v1.Cluster, l lease.Lease) error {
 	if p.cfg.NodeNetworks == nil {
 		return nil
 	}
+	cluster := c.Name
 	plan, err := nodenet.ForIndex(l.Network)
 	if err != nil {
 		return err
@@ -895,7 +908,37 @@ func (p *Provider) ensureNetwork(ctx context.Context, cluster string, l lease.Le
 	if p.cfg.BuildCache != nil && p.cfg.BuildCache.On() {
 		served.BuildCache = nodeservice.BuildCachePort
 	}
-	return p.cfg.NodeNetworks.Ensure(ctx, cluster, plan, served)
+	narrow, err := EgressNarrowing(c.Spec)
+	if err != nil {
+		// The CRD refuses what ValidateEgress does; an object that got past it
+		// is walled off entirely rather than opened.
+		p.log.Error("the cluster's egress narrowing is invalid: forwarding nothing for it", "cluster", cluster, "err", err)
+	}
+	if err := p.cfg.NodeNetworks.Ensure(ctx, cluster, plan, served, narrow); err != nil {
+		return err
+	}
+	p.failMu.Lock()
+	p.egressApplied[cluster] = egressKey(c.Spec)
+	p.failMu.Unlock()
+	return nil
+}
+
+// EgressNarrowing is what spec takes away from the host's egress policy. An invalid
+// spec (v1.ValidateEgress) narrows to nothing forwarded, with the error.
+func EgressNarrowing(spec v1.ClusterSpec) (nodenet.Narrowing, error) {
+	if err := v1.ValidateEgress(spec, nil); err != nil {
+		return nodenet.Narrowing{None: true}, err
+	}
+	deny, err := nodenet.ParsePrefixes(spec.EgressDeny)
+	if err != nil {
+		return nodenet.Narrowing{None: true}, err
+	}
+	return nodenet.Narrowing{None: spec.Egress == v1.EgressNone, Deny: deny}, nil
+}
+
+// egressKey names spec's egress narrowing, to tell when it changed.
+func egressKey(spec v1.ClusterSpec) string {
+	return spec.Egress + "|" + strings.Join(spec.EgressDeny, ",")
 }
 
 // removeNetwork deletes the cluster's node network (bridge, addresses, rules),

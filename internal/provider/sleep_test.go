@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -71,11 +72,13 @@ func TestObserveSleep(t *testing.T) {
 type recordingNetworks struct {
 	ensured, removed []int
 	served           []nodenet.Served
+	narrowed         []nodenet.Narrowing
 }
 
-func (r *recordingNetworks) Ensure(_ context.Context, _ string, plan nodenet.Plan, served nodenet.Served) error {
+func (r *recordingNetworks) Ensure(_ context.Context, _ string, plan nodenet.Plan, served nodenet.Served, narrow nodenet.Narrowing) error {
 	r.ensured = append(r.ensured, plan.Index)
 	r.served = append(r.served, served)
+	r.narrowed = append(r.narrowed, narrow)
 	return nil
 }
 
@@ -83,13 +86,43 @@ func (r *recordingNetworks) Ensure(_ context.Context, _ string, plan nodenet.Pla
 // the registry: the ports its nodes are told to dial on the gateway.
 func TestEnsureNetworkServesTheLease(t *testing.T) {
 	nets := &recordingNetworks{}
-	p := &Provider{cfg: Config{NodeNetworks: nets}}
-	if err := p.ensureNetwork(context.Background(), "c", lease.Lease{Port: 7512, Network: 5}); err != nil {
+	p := &Provider{cfg: Config{NodeNetworks: nets}, egressApplied: map[string]string{}}
+	c := &v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "c"}}
+	if err := p.ensureNetwork(context.Background(), c, lease.Lease{Port: 7512, Network: 5}); err != nil {
 		t.Fatal(err)
 	}
 	want := nodenet.Served{APIServer: 7512, Registry: nodeservice.RegistryPort}
 	if !slices.Equal(nets.ensured, []int{5}) || len(nets.served) != 1 || !reflect.DeepEqual(nets.served[0], want) {
 		t.Errorf("ensured %v serving %+v, want network 5 serving %+v", nets.ensured, nets.served, want)
+	}
+	if !reflect.DeepEqual(nets.narrowed, []nodenet.Narrowing{{}}) || p.egressApplied["c"] != egressKey(c.Spec) {
+		t.Errorf("narrowed %+v (applied %q), want nothing narrowed, recorded", nets.narrowed, p.egressApplied["c"])
+	}
+}
+
+// The Cluster's egress and egressDeny reach the network's rules as a narrowing; one
+// the CRD should have refused walls the cluster off rather than open it.
+func TestEgressNarrowing(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		spec    v1.ClusterSpec
+		want    nodenet.Narrowing
+		wantErr bool
+	}{
+		{"unset", v1.ClusterSpec{}, nodenet.Narrowing{}, false},
+		{"host", v1.ClusterSpec{Egress: v1.EgressHost}, nodenet.Narrowing{}, false},
+		{"none", v1.ClusterSpec{Egress: v1.EgressNone}, nodenet.Narrowing{None: true}, false},
+		{"denies", v1.ClusterSpec{EgressDeny: []string{"203.0.113.0/24"}},
+			nodenet.Narrowing{Deny: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}, false},
+		{"an invalid deny walls it off", v1.ClusterSpec{EgressDeny: []string{"203.0.113.1/24"}}, nodenet.Narrowing{None: true}, true},
+		{"an unknown mode walls it off", v1.ClusterSpec{Egress: "everywhere"}, nodenet.Narrowing{None: true}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := EgressNarrowing(tc.spec)
+			if (err != nil) != tc.wantErr || !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("EgressNarrowing = %+v, %v; want %+v, error %v", got, err, tc.want, tc.wantErr)
+			}
+		})
 	}
 }
 

@@ -261,7 +261,7 @@ func TestDeleteReleasesPortAndFiles(t *testing.T) {
 	// removed when the daemon starts.
 	orphan, _ := nodenet.ForIndex(149)
 	nets := nodenet.NewManager(nil, nil)
-	if err := nets.Ensure(ctxT(t, time.Minute), "orphan", orphan, nodenet.Served{APIServer: 7599}); err != nil {
+	if err := nets.Ensure(ctxT(t, time.Minute), "orphan", orphan, nodenet.Served{APIServer: 7599}, nodenet.Narrowing{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = nets.Remove(context.Background(), "orphan", orphan) })

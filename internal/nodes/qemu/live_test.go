@@ -397,7 +397,7 @@ func liveNetwork(ctx context.Context, t *testing.T, index, apiPort int) (*nodene
 			t.Errorf("removing the test network: %v", err)
 		}
 	})
-	if err := mgr.Ensure(ctx, liveCluster, plan, nodenet.Served{APIServer: apiPort, Registry: 5000}); err != nil {
+	if err := mgr.Ensure(ctx, liveCluster, plan, nodenet.Served{APIServer: apiPort, Registry: 5000}, nodenet.Narrowing{}); err != nil {
 		t.Fatal(err)
 	}
 	return mgr, plan
