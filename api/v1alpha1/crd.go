@@ -25,6 +25,54 @@ func rangeRule(lo, hi string) apiextensionsv1.ValidationRule {
 	}
 }
 
+// The idleSchedule grammar of window.Parse as an RE2 pattern (Go's regexp, which CEL
+// runs too): DAYS HH:MM-HH:MM [ZONE], any whitespace (unicode.IsSpace, as strings.Fields
+// splits) around and between. What it cannot say: whether ZONE is a zone the tz database
+// knows (the scale driver reports a bad one on the Cluster, BadIdleSchedule), and that a
+// span ends other than where it starts (idleScheduleSpan).
+const (
+	scheduleSpace = `[\t-\r\x{85}\p{Z}]`
+	// ASCII letters in either case, as Parse takes them; not (?i), which also takes "ſun".
+	scheduleDay     = `(?:[Mm][Oo][Nn]|[Tt][Uu][Ee]|[Ww][Ee][Dd]|[Tt][Hh][Uu]|[Ff][Rr][Ii]|[Ss][Aa][Tt]|[Ss][Uu][Nn])`
+	scheduleDays    = scheduleDay + `(?:-` + scheduleDay + `)?(?:,` + scheduleDay + `(?:-` + scheduleDay + `)?)*`
+	scheduleTime    = `(?:[01][0-9]|2[0-3]):[0-5][0-9]`
+	scheduleSpan    = scheduleTime + `-(?:` + scheduleTime + `|24:00)`
+	scheduleZone    = `[A-Za-z][A-Za-z0-9_+-]*(?:/[A-Za-z0-9_+-]+)*`
+	scheduleExample = `e.g. "Mon-Fri 08:00-18:00 Europe/Berlin"`
+
+	idleSchedulePattern = `^` + scheduleSpace + `*(?:` + scheduleDays + scheduleSpace + `+` + scheduleSpan +
+		`(?:` + scheduleSpace + `+` + scheduleZone + `)?` + scheduleSpace + `*)?$`
+	// idleScheduleSpan finds the span in a schedule the pattern matched: days have no
+	// digits, a zone no colon.
+	idleScheduleSpan = `[0-9]{2}:[0-9]{2}-[0-9]{2}:[0-9]{2}`
+	// maxIdleSchedule bounds the field so the apiserver can bound the rules' cost; the
+	// longest sensible schedule ("Mon,Tue,...,Sun 00:00-24:00 America/Argentina/...")
+	// is under 80.
+	maxIdleSchedule = 256
+)
+
+// idleScheduleRules refuse an idleSchedule window.Parse would. CEL rules rather than the
+// schema's pattern: a pattern's error quotes the whole regex ("should match '^[\t-\r...'"),
+// which says nothing to a person; a rule's message says the grammar and an example.
+func idleScheduleRules() apiextensionsv1.ValidationRules {
+	return apiextensionsv1.ValidationRules{
+		{
+			Rule: fmt.Sprintf("self.matches(r'%s')", idleSchedulePattern),
+			Message: "idleSchedule must be DAYS HH:MM-HH:MM [ZONE]: DAYS a day (Mon), a range (Mon-Fri) or a comma list " +
+				"(Mon,Wed,Fri-Sun); HH:MM from 00:00 to 23:59 (an end may be 24:00); ZONE an IANA name, UTC if left out; " +
+				scheduleExample + ", or empty for always",
+		},
+		{
+			// Past the first rule (whose message is the one to read), and not for an empty
+			// schedule: it has no span.
+			Rule: fmt.Sprintf("!self.matches(r'%[1]s') || self.find('%[2]s') == '' || self.find('%[2]s').substring(0, 5) != self.find('%[2]s').substring(6)",
+				idleSchedulePattern, idleScheduleSpan),
+			Message: "idleSchedule's span is empty (it ends where it starts): give an end other than the start, " +
+				"e.g. 08:00-18:00, or 00:00-24:00 for the whole day",
+		},
+	}
+}
+
 // CRD returns the CustomResourceDefinition the daemon installs in the
 // management API. The schema validates on the server too, so `kubectl apply`
 // of a bad Cluster is refused the same way the CLI refuses it.
@@ -38,6 +86,9 @@ func CRD() *apiextensionsv1.CustomResourceDefinition {
 	quantity := func(desc string) apiextensionsv1.JSONSchemaProps {
 		return apiextensionsv1.JSONSchemaProps{XIntOrString: true, AnyOf: []apiextensionsv1.JSONSchemaProps{{Type: "integer"}, {Type: "string"}}, Pattern: `^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$`, Description: desc}
 	}
+	schedule := str("weekly window for idleNodes, DAYS HH:MM-HH:MM [ZONE], e.g. Mon-Fri 08:00-18:00 Europe/Berlin; empty is always")
+	schedule.MaxLength = ptr.To[int64](maxIdleSchedule)
+	schedule.XValidations = idleScheduleRules()
 	spec := apiextensionsv1.JSONSchemaProps{
 		Type: "object",
 		Properties: map[string]apiextensionsv1.JSONSchemaProps{
@@ -54,7 +105,7 @@ func CRD() *apiextensionsv1.CustomResourceDefinition {
 			"controlPlanePIDs":      intRange("cap on the control plane's threads and processes; 0 is the daemon's default", 0, 4194304),
 			"controlPlaneCPUWeight": intRange("CPU share of the control plane, 1 to 10000 (100 is an ordinary process); 0 is the daemon's default", 0, 10000),
 			"idleNodes":             intRange("joined, Ready nodes of the smallest size kept up with nothing on them", 0, 1000),
-			"idleSchedule":          str("weekly window for idleNodes, e.g. Mon-Fri 08:00-18:00 Europe/Berlin; empty is always"),
+			"idleSchedule":          schedule,
 			"egress": {Type: "string", Description: "narrows the host's egress policy for this cluster: host (the host's) or none (no forwarded traffic)",
 				Enum: []apiextensionsv1.JSON{{Raw: []byte(`"host"`)}, {Raw: []byte(`"none"`)}}},
 			"egressDeny": {Type: "array", Description: "IPv4 CIDRs this cluster's forwarded traffic may not reach, on top of the host's --egress-deny",

@@ -71,7 +71,15 @@ const (
 	// ConditionWake is about the last wake from Asleep: True when the control plane
 	// answered, False (WakeFailed) with the reason when it did not in time.
 	ConditionWake = "Wake"
+	// ConditionIdleSchedule is about spec.idleSchedule as the scale driver read it when it
+	// started: False (ReasonBadIdleSchedule) when it does not parse, and then no idle
+	// nodes are kept; True once a later start reads it. Absent while it never failed.
+	ConditionIdleSchedule = "IdleSchedule"
 )
+
+// ReasonBadIdleSchedule: spec.idleSchedule does not parse (a zone the tz database does
+// not know, or an object written before the CRD checked it).
+const ReasonBadIdleSchedule = "BadIdleSchedule"
 
 // MinSleepAfter is the shortest sleepAfter other than 0 (never): a shorter idle time
 // would put a cluster to sleep between the requests of one kubectl session.
@@ -125,7 +133,8 @@ type ClusterSpec struct {
 	// the host's capacity, and a cluster with them does not sleep.
 	IdleNodes int32 `json:"idleNodes,omitempty"`
 	// IdleSchedule limits IdleNodes to a weekly window, e.g. "Mon-Fri 08:00-18:00
-	// Europe/Berlin"; outside it they go after the hold. Empty is always.
+	// Europe/Berlin" (internal/window); outside it they go after the hold. Empty is
+	// always; one that does not parse keeps none (ConditionIdleSchedule says why).
 	IdleSchedule string `json:"idleSchedule,omitempty"`
 	// FreshNodePerJob: a node a CI job Pod ran on (GitLab Runner's, or one labelled
 	// socialweb.computer/ci-job) takes no other Pod after it and is removed as soon as the
@@ -172,7 +181,8 @@ type ClusterStatus struct {
 	// NextWake is when a sleeping cluster wakes by itself, ahead of its next CronJob.
 	NextWake *metav1.Time `json:"nextWake,omitempty"`
 	// IdleNodes says how the idle nodes kept for spec.idleNodes stand: wanted now (0
-	// outside the schedule), and spare (up with nothing on them, or booting to refill).
+	// outside the schedule), spare (up with nothing on them, or booting to refill), and
+	// claimed (taken by a Pod since).
 	IdleNodes *IdleNodesStatus `json:"idleNodes,omitempty"`
 	// PodStarts are the percentiles of Pod start times (created to every container
 	// started) over the last hour, one entry per path that had a start.
@@ -217,6 +227,10 @@ type IdleNodesStatus struct {
 	Spare int32 `json:"spare"`
 	// Booting is how many of Spare are still booting (to refill after a Pod took one).
 	Booting int32 `json:"booting"`
+	// Claimed is how many nodes that were spare a Pod has taken since: they work now, and
+	// refills boot in their place. Counted from what the scale driver saw spare; a daemon
+	// restart starts it again at 0.
+	Claimed int32 `json:"claimed"`
 }
 
 // ClusterList is a list of Clusters.

@@ -76,7 +76,7 @@ func summarize(c *v1.Cluster, now time.Time, wide bool) string {
 
 	field(0, "Nodes", strconv.Itoa(int(st.Nodes)))
 	if in := st.IdleNodes; in != nil {
-		field(0, "Idle nodes", fmt.Sprintf("wanted %d, spare %d (%d joined, %d booting)", in.Wanted, in.Spare, in.Spare-in.Booting, in.Booting))
+		field(0, "Idle nodes", fmt.Sprintf("wanted %d, spare %d (%d joined, %d booting), %d claimed", in.Wanted, in.Spare, in.Spare-in.Booting, in.Booting, in.Claimed))
 	}
 	field(0, "Accelerator", accelerator(st.Conditions))
 	if d := st.LastScaleDecision; d == nil {

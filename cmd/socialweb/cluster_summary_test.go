@@ -32,7 +32,7 @@ func readyCluster() *v1.Cluster {
 			Phase: v1.PhaseReady, URL: "https://127.0.0.1:7500", Port: 7500,
 			Gateway: "10.250.1.1", NodeCIDR: "10.250.1.0/24", PodCIDR: "10.1.0.0/16", ServiceCIDR: "10.96.0.0/16",
 			Nodes:             2,
-			IdleNodes:         &v1.IdleNodesStatus{Wanted: 2, Spare: 1, Booting: 1},
+			IdleNodes:         &v1.IdleNodesStatus{Wanted: 2, Spare: 1, Booting: 1, Claimed: 1},
 			LastScaleDecision: &v1.ScaleDecision{Action: "Provision", Target: 2, Reason: "1 pod unschedulable on 1 node: need 1", Time: ago(3 * time.Minute)},
 			Restarts:          1,
 			PodStarts: []v1.PodStartPercentiles{
@@ -69,7 +69,7 @@ Spec:
   Datastore:             sqlite
   Control plane:         memory 2Gi, pids 4096, cpu weight 100
 Nodes:                   2
-Idle nodes:              wanted 2, spare 1 (0 joined, 1 booting)
+Idle nodes:              wanted 2, spare 1 (0 joined, 1 booting), 1 claimed
 Accelerator:             TCG (the KVM probe's guest did not reach user space)
 Last scale decision:
   Action:                Provision

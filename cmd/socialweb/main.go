@@ -9,6 +9,9 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	// The IANA zones of idle schedules (internal/window) whatever the host has installed:
+	// the CLI that checks one and the daemon that runs it then know the same zones.
+	_ "time/tzdata"
 
 	"github.com/spf13/cobra"
 )

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/join"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
@@ -174,4 +177,85 @@ func TestClusterScopedReachesOnlyItsOwnMachines(t *testing.T) {
 			t.Errorf("the provider was asked to delete %s", c.Name)
 		}
 	}
+}
+
+// scheduleStatus records RecordIdleSchedule and ignores the rest.
+type scheduleStatus struct {
+	mu   sync.Mutex
+	told []string // "ok reason: message"
+}
+
+func (*scheduleStatus) RecordDecision(context.Context, string, scale.Decision, int) error { return nil }
+func (*scheduleStatus) RecordNodeBoot(context.Context, string, bool, string, string) error {
+	return nil
+}
+func (*scheduleStatus) RecordNodeNetwork(context.Context, string, bool, string, string) error {
+	return nil
+}
+func (*scheduleStatus) RecordNodeAccelerator(context.Context, string, string, string) error {
+	return nil
+}
+func (*scheduleStatus) RecordPodsProvisionable(context.Context, string, bool, string, string) error {
+	return nil
+}
+func (*scheduleStatus) RecordWarmStart(context.Context, string, bool, string, string) error {
+	return nil
+}
+func (*scheduleStatus) RecordIdleNodes(context.Context, string, v1.IdleNodesStatus) error { return nil }
+func (*scheduleStatus) RecordPodStarts(context.Context, string, []v1.PodStartPercentiles) error {
+	return nil
+}
+func (s *scheduleStatus) RecordIdleSchedule(_ context.Context, _ string, ok bool, reason, message string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.told = append(s.told, fmt.Sprintf("%t %s: %s", ok, reason, message))
+	return nil
+}
+
+func (s *scheduleStatus) get() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.told)
+}
+
+// A cluster whose idleSchedule does not parse (a zone the CRD's pattern passes but no tz
+// database knows) gets its node services all the same: no idle node, the Cluster told
+// why, and a node for a Pod that asks.
+func TestHostStartsAClusterWithABadIdleSchedule(t *testing.T) {
+	tenant := kubefake.NewSimpleClientset()
+	prov := fake.New(fake.WithTenant(tenant))
+	status := &scheduleStatus{}
+	h := New(prov, &Joiners{}, nil, status, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	plan, _ := nodenet.ForIndex(7)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := Cluster{
+		Name: "ci", Tenant: tenant, NodeSize: scale.NodeSize{CPUs: 1, MemoryMiB: 1024, MaxPods: 110}, MaxNodes: 2, Hold: time.Second,
+		IdleNodes: 1, IdleSchedule: "Mon-Sun 00:00-24:00 Mars/Olympus",
+		Minter: join.Minter{Tenant: tenant, APIServer: "https://10.250.7.1:7500", CACert: []byte("PEM"), ClientCA: []byte("CLIENT PEM"), Plan: plan},
+	}
+	if err := h.Start(ctx, c); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	defer h.Stop("ci")
+	livetest.Eventually(t, 10*time.Second, 20*time.Millisecond, "the Cluster told its schedule is bad", func() bool {
+		return len(status.get()) > 0
+	})
+	// The report comes after the first pass has carried out its decision: with the
+	// schedule read as "always", that pass would have booted an idle node.
+	if told := status.get(); len(told) != 1 || !strings.HasPrefix(told[0], "false "+v1.ReasonBadIdleSchedule+": ") || !strings.Contains(told[0], `zone "Mars/Olympus"`) {
+		t.Errorf("idle schedule reports %q, want one BadIdleSchedule naming the zone", told)
+	}
+	if n := prov.Count(fake.OpCreate); n != 0 {
+		t.Errorf("%d machines booted with no Pod, want no idle node", n)
+	}
+	if _, err := tenant.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "job"},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	livetest.Eventually(t, 10*time.Second, 50*time.Millisecond, "a node for the pending pod", func() bool {
+		return prov.Count(fake.OpCreate) == 1
+	})
 }

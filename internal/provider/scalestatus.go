@@ -37,6 +37,11 @@ func (s ScaleStatus) RecordDecision(ctx context.Context, cluster string, d scale
 
 // update reads the Cluster, changes its status with f and writes it, retrying on conflicts.
 func (s ScaleStatus) update(ctx context.Context, cluster string, f func(*v1.Cluster)) error {
+	return s.updateIf(ctx, cluster, func(c *v1.Cluster) bool { f(c); return true })
+}
+
+// updateIf is update where f may say there is nothing to write.
+func (s ScaleStatus) updateIf(ctx context.Context, cluster string, f func(*v1.Cluster) bool) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		u, err := s.Client.Resource(v1.ClusterResource).Get(ctx, cluster, metav1.GetOptions{})
 		if err != nil {
@@ -46,7 +51,9 @@ func (s ScaleStatus) update(ctx context.Context, cluster string, f func(*v1.Clus
 		if err != nil {
 			return err
 		}
-		f(c)
+		if !f(c) {
+			return nil
+		}
 		out, err := c.ToUnstructured()
 		if err != nil {
 			return err
@@ -86,6 +93,23 @@ func (s ScaleStatus) RecordIdleNodes(ctx context.Context, cluster string, idle v
 	return s.update(ctx, cluster, func(c *v1.Cluster) { c.Status.IdleNodes = &idle })
 }
 
+// RecordIdleSchedule sets the IdleSchedule condition, except that a schedule that parses
+// writes nothing on a Cluster without one: every scale driver reports at its start, and
+// only a cluster that was told its schedule was bad needs to hear it is good now.
+func (s ScaleStatus) RecordIdleSchedule(ctx context.Context, cluster string, ok bool, reason, message string) error {
+	status := metav1.ConditionFalse
+	if ok {
+		status = metav1.ConditionTrue
+	}
+	return s.updateIf(ctx, cluster, func(c *v1.Cluster) bool {
+		if ok && meta.FindStatusCondition(c.Status.Conditions, v1.ConditionIdleSchedule) == nil {
+			return false
+		}
+		return meta.SetStatusCondition(&c.Status.Conditions, metav1.Condition{Type: v1.ConditionIdleSchedule, Status: status,
+			Reason: reason, Message: truncate(message), ObservedGeneration: c.Generation})
+	})
+}
+
 // RecordPodStarts sets status.podStarts.
 func (s ScaleStatus) RecordPodStarts(ctx context.Context, cluster string, starts []v1.PodStartPercentiles) error {
 	return s.update(ctx, cluster, func(c *v1.Cluster) { c.Status.PodStarts = starts })
@@ -96,10 +120,17 @@ func (s ScaleStatus) RecordPodsProvisionable(ctx context.Context, cluster string
 	return s.setCondition(ctx, cluster, v1.ConditionPodsProvisionable, ok, reason, message)
 }
 
-func (s ScaleStatus) setCondition(ctx context.Context, cluster, conditionType string, ok bool, reason, message string) error {
+// truncate keeps a condition message's end (the last console lines) within
+// maxConditionMessage.
+func truncate(message string) string {
 	if len(message) > maxConditionMessage {
 		message = "..." + message[len(message)-maxConditionMessage+3:]
 	}
+	return message
+}
+
+func (s ScaleStatus) setCondition(ctx context.Context, cluster, conditionType string, ok bool, reason, message string) error {
+	message = truncate(message)
 	status := metav1.ConditionFalse
 	if ok {
 		status = metav1.ConditionTrue

@@ -95,3 +95,68 @@ func TestScaleStatusRecords(t *testing.T) {
 		t.Error("RecordNodeBoot dropped the last scale decision")
 	}
 }
+
+// The IdleSchedule condition appears only once a schedule was bad, and turns True when a
+// later driver reads a good one; a report that changes nothing writes nothing.
+func TestRecordIdleSchedule(t *testing.T) {
+	c := &v1.Cluster{TypeMeta: metav1.TypeMeta{APIVersion: v1.Group + "/" + v1.Version, Kind: "Cluster"},
+		ObjectMeta: metav1.ObjectMeta{Name: "ci", Generation: 2}}
+	u, err := c.ToUnstructured()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{v1.ClusterResource: "ClusterList"}, u)
+	s := ScaleStatus{Client: client}
+	ctx := context.Background()
+	writes := func() int {
+		n := 0
+		for _, a := range client.Actions() {
+			if a.GetVerb() == "update" && a.GetSubresource() == "status" {
+				n++
+			}
+		}
+		return n
+	}
+	const bad = `no idle nodes are kept: spec.idleSchedule does not parse: window "Mon 08:00-18:00 Mars/Olympus": zone "Mars/Olympus" is not an IANA time zone name`
+	tests := []struct {
+		name   string
+		ok     bool
+		reason string
+		want   metav1.ConditionStatus // "" for no condition
+		writes int                    // status writes so far
+	}{
+		{"a good schedule, never bad: nothing to say", true, "IdleScheduleParsed", "", 0},
+		{"a bad one", false, v1.ReasonBadIdleSchedule, metav1.ConditionFalse, 1},
+		{"the same again (another start)", false, v1.ReasonBadIdleSchedule, metav1.ConditionFalse, 1},
+		{"fixed", true, "IdleScheduleParsed", metav1.ConditionTrue, 2},
+		{"still good", true, "IdleScheduleParsed", metav1.ConditionTrue, 2},
+	}
+	for _, tt := range tests {
+		msg := "spec.idleSchedule parses"
+		if !tt.ok {
+			msg = bad
+		}
+		if err := s.RecordIdleSchedule(ctx, "ci", tt.ok, tt.reason, msg); err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		u, err := client.Resource(v1.ClusterResource).Get(ctx, "ci", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := v1.FromUnstructured(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cond := meta.FindStatusCondition(got.Status.Conditions, v1.ConditionIdleSchedule)
+		switch {
+		case tt.want == "" && cond != nil:
+			t.Errorf("%s: condition %+v, want none", tt.name, cond)
+		case tt.want != "" && (cond == nil || cond.Status != tt.want || cond.Reason != tt.reason || cond.Message != msg || cond.ObservedGeneration != 2):
+			t.Errorf("%s: condition %+v, want %s %s %q", tt.name, cond, tt.want, tt.reason, msg)
+		}
+		if n := writes(); n != tt.writes {
+			t.Errorf("%s: %d status writes so far, want %d", tt.name, n, tt.writes)
+		}
+	}
+}

@@ -383,8 +383,8 @@ func (p *Provider) observeTenant(ctx context.Context, name string, o *sleep.Obse
 }
 
 // observeIdleNodes puts a cluster's idle-node window into o: wanted now, or when it
-// opens next. A schedule that does not parse is the scale driver's to report; here it
-// keeps nothing awake.
+// opens next. A schedule that does not parse keeps nothing awake: the scale driver keeps
+// no idle nodes for it either, and says so (BadIdleSchedule).
 func observeIdleNodes(c *v1.Cluster, o *sleep.Observed) {
 	if c.Spec.IdleNodes <= 0 {
 		return

@@ -256,6 +256,7 @@ func TestObserveIdleNodes(t *testing.T) {
 		{"inside the window", v1.ClusterSpec{IdleNodes: 1, IdleSchedule: "Mon-Fri 08:00-18:00"}, true, time.Time{}},
 		{"outside: when it opens", v1.ClusterSpec{IdleNodes: 1, IdleSchedule: "Tue 08:00-18:00"}, false, time.Date(2026, 12, 8, 8, 0, 0, 0, time.UTC)},
 		{"a bad schedule keeps nothing awake", v1.ClusterSpec{IdleNodes: 1, IdleSchedule: "weekdays"}, false, time.Time{}},
+		{"nor does an unknown zone", v1.ClusterSpec{IdleNodes: 1, IdleSchedule: "Mon-Sun 00:00-24:00 Mars/Olympus"}, false, time.Time{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -59,21 +59,35 @@ func Decide(o Observed) (Decision, error) {
 		}
 	}
 	// Spare: placeable nodes with nothing on them and nothing placed; with IdleNodes,
-	// boot the shortfall (the smallest size), and keep that many from the hold.
-	spare, spareBooting := 0, 0
+	// boot the shortfall (the smallest size), and keep that many from the hold. Claimed:
+	// nodes that were spare and have work now.
+	spare, spareBooting, claimed := 0, 0, 0
+	var idleNames []string
+	wereIdle := make(map[string]bool, len(o.WereIdle))
+	for _, name := range o.WereIdle {
+		wereIdle[name] = true
+	}
 	for _, n := range s.nodes[:s.known] {
-		if n.placeable && !n.busy && n.placed == 0 {
+		switch {
+		case n.placeable && !n.busy && n.placed == 0:
 			spare++
 			if !n.existing {
 				spareBooting++
 			}
+		case (n.busy || n.placed > 0) && wereIdle[n.name]:
+			claimed++
+		default:
+			continue
 		}
+		idleNames = append(idleNames, n.name)
 	}
 	extra := max(o.IdleNodes-spare, 0)
 	d := Decision{
 		Seal:             seal,
 		Spare:            spare,
 		SpareBooting:     spareBooting,
+		Claimed:          claimed,
+		Idle:             idleNames,
 		Current:          s.known,
 		Target:           s.known,
 		Intent:           intent,

@@ -64,3 +64,54 @@ func TestIdleNodes(t *testing.T) {
 		t.Error("negative idle nodes accepted")
 	}
 }
+
+// Claimed counts the nodes that were spare (the previous Decision's Idle) and that a Pod
+// has taken since, bound or put there by the simulation; Idle carries them and the spare
+// ones to the next pass.
+func TestClaimedIdleNodes(t *testing.T) {
+	wereIdle := func(names ...string) func(*Observed) { return func(o *Observed) { o.WereIdle = names } }
+	keep := func(o *Observed) { o.IdleNodes = 1 }
+	tests := []struct {
+		name                    string
+		o                       Observed
+		spare, booting, claimed int
+		idle                    []string
+	}{
+		{name: "a spare node, no Pod",
+			o: obs(keep, nodes(node("n1"))), spare: 1, idle: []string{"n1"}},
+		{name: "a Pod runs on a node that was spare: claimed",
+			o: obs(keep, nodes(node("n1")), wereIdle("n1"), pods(pod("a", on("n1")))), claimed: 1, idle: []string{"n1"}},
+		{name: "a Pod on a node that was never spare (booted for it): not claimed",
+			o: obs(keep, nodes(node("n1")), pods(pod("a", on("n1"))))},
+		{name: "a pending Pod the simulation puts on the spare node: claimed",
+			o: obs(keep, nodes(node("n1")), wereIdle("n1"), pods(pod("a"))), claimed: 1, idle: []string{"n1"}},
+		{name: "the claimed node's Pod is done: spare again",
+			o: obs(keep, nodes(node("n1")), wereIdle("n1"), pods(pod("a", on("n1"), phase(corev1.PodSucceeded)))), spare: 1, idle: []string{"n1"}},
+		{name: "a claimed node that is gone counts for nothing",
+			o: obs(keep, wereIdle("n1"), func(o *Observed) { o.Booting = []string{"b1"} }), spare: 1, booting: 1, idle: []string{"b1"}},
+		{name: "one claimed, its refill booting",
+			o:     obs(keep, nodes(node("n1")), wereIdle("n1", "b1"), pods(pod("a", on("n1"))), func(o *Observed) { o.Booting = []string{"b1"} }),
+			spare: 1, booting: 1, claimed: 1, idle: []string{"b1", "n1"}},
+		{name: "a DaemonSet Pod does not claim a node",
+			o:     obs(keep, nodes(node("n1"), node("n2")), wereIdle("n1", "n2"), pods(pod("a", on("n1")), pod("ds", on("n2"), ownedBy("DaemonSet", "agent")))),
+			spare: 1, claimed: 1, idle: []string{"n1", "n2"}},
+		{name: "a job's node, sealed (fresh node per job) while the job runs: still claimed",
+			o:       obs(keep, nodes(node("n1", cordoned)), wereIdle("n1"), pods(pod("job", on("n1"), lbl(LabelCIJob, "1"))), func(o *Observed) { o.FreshNodePerJob = true }),
+			claimed: 1, idle: []string{"n1"}},
+		{name: "a booting refill a waiting Pod is put on: claimed before it joins",
+			o: obs(keep, wereIdle("b1"), pods(pod("a")), func(o *Observed) { o.Booting = []string{"b1"} }), claimed: 1, idle: []string{"b1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := Decide(tt.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			idle := slices.Sorted(slices.Values(d.Idle))
+			if d.Spare != tt.spare || d.SpareBooting != tt.booting || d.Claimed != tt.claimed || !slices.Equal(idle, tt.idle) {
+				t.Errorf("spare %d (%d booting), claimed %d, idle %v; want spare %d (%d booting), claimed %d, idle %v (%s)",
+					d.Spare, d.SpareBooting, d.Claimed, idle, tt.spare, tt.booting, tt.claimed, tt.idle, d)
+			}
+		})
+	}
+}

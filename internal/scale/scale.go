@@ -187,7 +187,10 @@ type Observed struct {
 	// IdleSince maps node name to when it was first seen without workload Pods, as the
 	// driver kept it from the previous Decision's IdleSince.
 	IdleSince map[string]time.Time
-	Now       time.Time
+	// WereIdle are the nodes the previous Decision counted Spare or Claimed (its Idle), as
+	// the driver kept them: one a Pod has taken since is Claimed, not merely busy.
+	WereIdle []string
+	Now      time.Time
 }
 
 func (o *Observed) validate() error {
@@ -263,6 +266,12 @@ type Decision struct {
 	Spare int
 	// SpareBooting is how many of Spare are still booting (no Node registered yet).
 	SpareBooting int
+	// Claimed is how many of Observed.WereIdle a Pod has taken since: a workload Pod is
+	// bound there, or the simulation put a pending one there. They work, so they are not
+	// Spare; with IdleNodes, refills boot in their place.
+	Claimed int
+	// Idle names the nodes counted in Spare or Claimed: the next Observed.WereIdle.
+	Idle []string
 	// Reason is for humans: events, status, logs.
 	Reason string
 

@@ -47,7 +47,8 @@ type Config struct {
 	// MaxNodes caps registered + booting nodes.
 	MaxNodes int
 	// IdleNodes are kept up with nothing on them while IdleSchedule (window.Parse; ""
-	// is always) is open (scale.Observed.IdleNodes).
+	// is always) is open (scale.Observed.IdleNodes). A schedule that does not parse keeps
+	// none: the driver runs all the same, and says why (RecordIdleSchedule).
 	IdleNodes    int
 	IdleSchedule string
 	// FreshNodePerJob: a node a CI job Pod was bound to is sealed (cordoned) and removed
@@ -100,9 +101,6 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxNodes < 0 || c.IdleNodes < 0 {
 		return c, fmt.Errorf("scaledriver: cluster %s: max nodes %d or idle nodes %d is negative", c.Cluster, c.MaxNodes, c.IdleNodes)
 	}
-	if _, err := window.Parse(c.IdleSchedule); err != nil {
-		return c, fmt.Errorf("scaledriver: cluster %s: idle schedule: %w", c.Cluster, err)
-	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
 			*d = v
@@ -143,9 +141,14 @@ type StatusRecorder interface {
 	// handed a pre-booted VM, not ok (WarmStartFailed, with why) when it booted cold
 	// instead; called after each Create that tried (nodes.Instance.Warm).
 	RecordWarmStart(ctx context.Context, cluster string, ok bool, reason, message string) error
-	// RecordIdleNodes reports the idle nodes wanted now and spare; called when they
-	// changed, with a cluster that has spec.idleNodes.
+	// RecordIdleNodes reports the idle nodes wanted now, spare and claimed; called when
+	// they changed, with a cluster that has spec.idleNodes.
 	RecordIdleNodes(ctx context.Context, cluster string, idle v1.IdleNodesStatus) error
+	// RecordIdleSchedule reports how the driver read spec.idleSchedule: not ok
+	// (v1.ReasonBadIdleSchedule, with what was wrong and what would be right) when it does
+	// not parse and no idle nodes are kept, else ok. Called once per driver, on its first
+	// pass; an ok report may write nothing where no problem was reported before.
+	RecordIdleSchedule(ctx context.Context, cluster string, ok bool, reason, message string) error
 	// RecordPodStarts reports the percentiles of the cluster's Pod starts over the last
 	// hour, per path; called when they changed.
 	RecordPodStarts(ctx context.Context, cluster string, starts []v1.PodStartPercentiles) error
@@ -229,8 +232,15 @@ type Driver struct {
 	podStartsAt     time.Time
 	// idleReport is the idle nodes report last recorded; guarded by passMu.
 	idleReport string
-	// idleWindow is cfg.IdleSchedule parsed.
-	idleWindow window.Window
+	// wereIdle are the nodes the last decision counted spare or claimed (scale.Decision.
+	// Idle); guarded by passMu.
+	wereIdle []string
+	// idleWindow is cfg.IdleSchedule parsed; badSchedule why it did not parse (then no
+	// idle nodes are kept), and scheduleTold whether that was recorded. scheduleTold is
+	// guarded by passMu.
+	idleWindow   window.Window
+	badSchedule  error
+	scheduleTold bool
 }
 
 // New builds a driver; it registers metrics but does no I/O.
@@ -255,11 +265,15 @@ func New(cfg Config, deps Deps) (*Driver, error) {
 		d.now = time.Now
 	}
 	d.starts = newStarts(d.now)
-	d.idleWindow, _ = window.Parse(cfg.IdleSchedule) // validated by withDefaults
 	if d.log == nil {
 		d.log = slog.Default()
 	}
 	d.log = d.log.With("cluster", cfg.Cluster)
+	// A bad schedule (a zone this host does not know, or an object from before the CRD
+	// checked it) turns idle nodes off rather than stopping the cluster's scaling.
+	if d.idleWindow, d.badSchedule = window.Parse(cfg.IdleSchedule); d.badSchedule != nil {
+		d.log.Warn("idle schedule does not parse: no idle nodes are kept", "schedule", cfg.IdleSchedule, "idleNodes", cfg.IdleNodes, "err", d.badSchedule)
+	}
 
 	// Managed fields are most of a cached object's size and nothing here reads them.
 	d.factory = informers.NewSharedInformerFactoryWithOptions(d.tenant, 0, informers.WithTransform(func(obj any) (any, error) {

@@ -51,15 +51,16 @@ type statusCall struct {
 }
 
 type recStatus struct {
-	mu      sync.Mutex
-	calls   []statusCall
-	boots   []bootCall
-	network []bootCall
-	accels  []string
-	pods    []bootCall
-	warm    []bootCall
-	starts  [][]v1.PodStartPercentiles
-	idle    [][3]int
+	mu       sync.Mutex
+	calls    []statusCall
+	boots    []bootCall
+	network  []bootCall
+	accels   []string
+	pods     []bootCall
+	warm     []bootCall
+	starts   [][]v1.PodStartPercentiles
+	idle     [][4]int
+	schedule []bootCall
 }
 
 type bootCall struct {
@@ -112,6 +113,10 @@ func (s *recStatus) RecordPodsProvisionable(_ context.Context, c string, ok bool
 
 func (s *recStatus) RecordWarmStart(_ context.Context, c string, ok bool, reason, message string) error {
 	return s.record(c, &s.warm, bootCall{ok, reason, message})
+}
+
+func (s *recStatus) RecordIdleSchedule(_ context.Context, c string, ok bool, reason, message string) error {
+	return s.record(c, &s.schedule, bootCall{ok, reason, message})
 }
 
 func (s *recStatus) getWarm() []bootCall {

@@ -49,6 +49,7 @@ func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
 		return scale.Decision{}, fmt.Errorf("scaledriver: cluster %s: %w", d.cfg.Cluster, err)
 	}
 	d.metrics.decided(d.cfg.Cluster, dec)
+	d.wereIdle = dec.Idle // observed, not done: kept whether the action succeeds or not
 	d.seal(ctx, dec.Seal)
 
 	waits, err := d.perform(ctx, dec, d.now())
@@ -60,6 +61,7 @@ func (d *Driver) RunPass(ctx context.Context) (scale.Decision, error) {
 	d.reportPods(ctx, dec)
 	d.tellWaiting(ctx, dec, o.BootingSizes)
 	d.reportIdle(ctx, dec)
+	d.reportSchedule(ctx)
 	if err != nil {
 		d.metrics.failed(d.cfg.Cluster, dec, dec.Current)
 		err = fmt.Errorf("scaledriver: cluster %s: %s: %w", d.cfg.Cluster, dec.Action, err)
@@ -128,6 +130,7 @@ func (d *Driver) observe(ctx context.Context) (scale.Observed, []failedMachine, 
 		NotReadyGrace:   d.cfg.NotReadyGrace,
 		RepairAfter:     d.cfg.BootTimeout,
 		IdleSince:       d.idleSince,
+		WereIdle:        d.wereIdle,
 		Now:             d.now(),
 	}
 	var err error
@@ -441,9 +444,9 @@ func (d *Driver) create(ctx context.Context, node scale.NewNode, decided time.Ti
 }
 
 // idleNodes is how many idle nodes the cluster wants now: IdleNodes inside its window,
-// else none.
+// else none; none with a schedule that does not parse (no window is not "always").
 func (d *Driver) idleNodes() int {
-	if d.cfg.IdleNodes > 0 && d.idleWindow.Open(d.now()) {
+	if d.cfg.IdleNodes > 0 && d.badSchedule == nil && d.idleWindow.Open(d.now()) {
 		return d.cfg.IdleNodes
 	}
 	return 0
@@ -455,7 +458,7 @@ func (d *Driver) reportIdle(ctx context.Context, dec scale.Decision) {
 	if d.status == nil || d.cfg.IdleNodes == 0 {
 		return
 	}
-	idle := v1.IdleNodesStatus{Wanted: int32(d.idleNodes()), Spare: int32(dec.Spare), Booting: int32(dec.SpareBooting)}
+	idle := v1.IdleNodesStatus{Wanted: int32(d.idleNodes()), Spare: int32(dec.Spare), Booting: int32(dec.SpareBooting), Claimed: int32(dec.Claimed)}
 	report := fmt.Sprint(idle)
 	if report == d.idleReport {
 		return
@@ -465,6 +468,30 @@ func (d *Driver) reportIdle(ctx context.Context, dec scale.Decision) {
 		return
 	}
 	d.idleReport = report
+}
+
+// reportSchedule records once how the driver read spec.idleSchedule: why no idle nodes
+// are kept when it does not parse, else that it does (which clears a report from an
+// earlier start). A failed report is tried again next pass.
+func (d *Driver) reportSchedule(ctx context.Context) {
+	if d.status == nil || d.scheduleTold {
+		return
+	}
+	ok, reason, msg := true, "IdleScheduleParsed", "spec.idleSchedule is empty: idle nodes are kept at all times"
+	switch {
+	case d.badSchedule != nil:
+		ok, reason = false, v1.ReasonBadIdleSchedule
+		msg = fmt.Sprintf("no idle nodes are kept: spec.idleSchedule does not parse: %v. Fix spec.idleSchedule (or empty it for "+
+			"always); the scale driver reads it when the cluster's node services start: at serve's start or the cluster's wake",
+			d.badSchedule)
+	case d.cfg.IdleSchedule != "":
+		msg = fmt.Sprintf("spec.idleSchedule %q parses: idleNodes (%d) are kept inside it", d.cfg.IdleSchedule, d.cfg.IdleNodes)
+	}
+	if err := d.status.RecordIdleSchedule(ctx, d.cfg.Cluster, ok, reason, msg); err != nil {
+		d.log.Error("record the idle schedule in the cluster status", "err", err)
+		return
+	}
+	d.scheduleTold = true
 }
 
 // seal cordons each node a job ran on and marks it, so that it takes no other Pod and the

@@ -37,7 +37,7 @@ func (s *recStatus) RecordIdleNodes(_ context.Context, c string, idle v1.IdleNod
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.idle = append(s.idle, [3]int{int(idle.Wanted), int(idle.Spare), int(idle.Booting)})
+	s.idle = append(s.idle, [4]int{int(idle.Wanted), int(idle.Spare), int(idle.Booting), int(idle.Claimed)})
 	return nil
 }
 

@@ -18,20 +18,30 @@ type Window struct {
 	text       string
 }
 
-// dayIndex is the time.Weekday of a lower-case three-letter day name, -1 for none.
+// dayIndex is the time.Weekday of a three-letter day name in any ASCII case, -1 for
+// none. ASCII only, not strings.ToLower or EqualFold: those also take "FRİ" or "ſun",
+// which the CRD's pattern (api/v1alpha1) could only match by listing such letters.
 func dayIndex(name string) int {
+	lower := []byte(name)
+	for i, c := range lower {
+		if 'A' <= c && c <= 'Z' {
+			lower[i] = c + 'a' - 'A'
+		}
+	}
 	for d := time.Sunday; d <= time.Saturday; d++ {
-		if strings.ToLower(d.String()[:3]) == name {
+		if strings.ToLower(d.String()[:3]) == string(lower) {
 			return int(d)
 		}
 	}
 	return -1
 }
 
-// Parse reads "DAYS HH:MM-HH:MM [ZONE]": DAYS is a day (Mon), a range (Mon-Fri, which may
-// wrap: Fri-Mon) or a comma list of either; the span's end may be 24:00, and an end
-// before its start runs past midnight (22:00-06:00) into the next day; ZONE is an IANA
-// name (default UTC). "" is always open.
+// Parse reads "DAYS HH:MM-HH:MM [ZONE]": DAYS is a day (Mon, in any case), a range
+// (Mon-Fri, which may wrap: Fri-Mon) or a comma list of either; HH:MM is two digits each,
+// the span's end may be 24:00, and an end before its start runs past midnight
+// (22:00-06:00) into the next day; ZONE is an IANA name (default UTC). "" is always open.
+// The CRD restates this grammar as a pattern (api/v1alpha1, idleSchedulePattern): change
+// both together; a test holds them in step.
 func Parse(s string) (Window, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
@@ -45,7 +55,7 @@ func Parse(s string) (Window, error) {
 		return bad("not two or three fields")
 	}
 	w := Window{loc: time.UTC, text: s}
-	for _, part := range strings.Split(strings.ToLower(f[0]), ",") {
+	for _, part := range strings.Split(f[0], ",") {
 		from, to, isRange := strings.Cut(part, "-")
 		a, b := dayIndex(from), dayIndex(to)
 		if !isRange {
@@ -77,22 +87,24 @@ func Parse(s string) (Window, error) {
 	}
 	if len(f) == 3 {
 		if w.loc, err = time.LoadLocation(f[2]); err != nil {
-			return bad(fmt.Sprintf("zone %q is not an IANA time zone name", f[2]))
+			return bad(fmt.Sprintf("zone %q is not an IANA time zone name (they are case-sensitive, e.g. Europe/Berlin or UTC)", f[2]))
 		}
 	}
 	return w, nil
 }
 
-// minutes reads HH:MM; 24:00 only as an end.
+// minutes reads HH:MM, two digits each; 24:00 only as an end. Strict, where Sscanf
+// would also take "8:5xx" (as 08:05) or "+8:00".
 func minutes(s string, end bool) (int, error) {
-	var h, m int
-	if n, err := fmt.Sscanf(s, "%d:%d", &h, &m); n != 2 || err != nil || len(s) != 5 {
+	digit := func(i int) bool { return s[i] >= '0' && s[i] <= '9' }
+	if len(s) != 5 || s[2] != ':' || !digit(0) || !digit(1) || !digit(3) || !digit(4) {
 		return 0, fmt.Errorf("%q is not HH:MM", s)
 	}
+	h, m := int(s[0]-'0')*10+int(s[1]-'0'), int(s[3]-'0')*10+int(s[4]-'0')
 	if h == 24 && m == 0 && end {
 		return 24 * 60, nil
 	}
-	if h < 0 || h > 23 || m < 0 || m > 59 {
+	if h > 23 || m > 59 {
 		return 0, fmt.Errorf("%q is not a time of day", s)
 	}
 	return h*60 + m, nil

@@ -29,6 +29,7 @@ func TestParseAndOpen(t *testing.T) {
 		{"Mon-Fri 08:00-18:00 Europe/Berlin", at(0, 17, 30, time.UTC), false}, // 18:30 in Berlin
 		{"Mon-Fri 08:00-18:00 Europe/Berlin", at(0, 9, 0, berlin), true},
 		{"sat,sun 00:00-24:00", at(6, 23, 59, time.UTC), true}, // Sunday
+		{"MON-fRi 08:00-18:00", at(0, 8, 0, time.UTC), true},
 		{"sat,sun 00:00-24:00", at(0, 0, 0, time.UTC), false},
 		{"Fri-Mon 10:00-11:00", at(0, 10, 30, time.UTC), true}, // wraps the week
 		{"Fri-Mon 10:00-11:00", at(1, 10, 30, time.UTC), false},
@@ -58,6 +59,13 @@ func TestParseRefuses(t *testing.T) {
 		{"Mon-Fri 08:00-08:00", "empty"},
 		{"Mon-Fri 08:00-18:00 Mars/Olympus", "not an IANA time zone"},
 		{"Mon-Fri 08:00-18:00 UTC extra", "not two or three fields"},
+		// Strict HH:MM and ASCII day names: what the CRD's pattern refuses too.
+		{"Mon-Fri 8:5xx-18:00", `"8:5xx" is not HH:MM`},
+		{"Mon-Fri +8:00-18:00", `"+8:00" is not HH:MM`},
+		{"Mon-Fri 08:00-1:000", `"1:000" is not HH:MM`},
+		{"Mon-FRİ 08:00-18:00", `day "Mon-FRİ"`},
+		{"ſun 08:00-18:00", `day "ſun"`},
+		{"Mon,,Tue 08:00-18:00", `day ""`},
 	}
 	for _, tt := range tests {
 		_, err := Parse(tt.spec)

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -8,6 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 )
 
@@ -45,12 +50,34 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"delete unknown", []string{"cluster", "delete", "nosuch"}, 1, "not found"},
 		{"kubeconfig unknown", []string{"cluster", "kubeconfig", "nosuch"}, 1, "not found"},
 		{"bad output format", []string{"cluster", "get", "dup", "-o", "xml"}, 2, "want one of json, yaml, wide"},
+		{"idle schedule does not parse", []string{"cluster", "create", "ok1", "--idle-nodes", "1", "--idle-schedule", "weekdays 08:00-18:00"}, 2, `day "weekdays"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, errOut, code := d.cli(tt.args...)
 			if code != tt.wantCode || !strings.Contains(errOut, tt.wantErr) {
 				t.Errorf("exit %d, stderr %q; want exit %d and %q", code, errOut, tt.wantCode, tt.wantErr)
+			}
+		})
+	}
+	// kubectl meets the same refusals in the management API's CRD, with messages that say
+	// what would be right: here an idleSchedule window.Parse would refuse.
+	mgmt := d.management()
+	for _, tt := range []struct{ name, schedule, wantErr string }{
+		{"idleSchedule not DAYS HH:MM-HH:MM", "weekdays 08:00-18:00", `e.g. "Mon-Fri 08:00-18:00 Europe/Berlin"`},
+		{"idleSchedule with a one-digit hour", "Mon-Fri 8:00-18:00", "idleSchedule must be DAYS HH:MM-HH:MM [ZONE]"},
+		{"idleSchedule with an empty span", "Mon-Fri 08:00-08:00", "idleSchedule's span is empty"},
+	} {
+		t.Run("kubectl: "+tt.name, func(t *testing.T) {
+			c := &v1.Cluster{TypeMeta: metav1.TypeMeta{APIVersion: v1.Group + "/" + v1.Version, Kind: v1.Kind},
+				ObjectMeta: metav1.ObjectMeta{Name: "ok2"}, Spec: v1.ClusterSpec{IdleNodes: 1, IdleSchedule: tt.schedule}}
+			u, err := c.ToUnstructured()
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = mgmt.Resource(v1.ClusterResource).Create(context.Background(), u, metav1.CreateOptions{})
+			if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tt.wantErr) || strings.Contains(err.Error(), "should match") {
+				t.Errorf("create with idleSchedule %q: %v; want Invalid saying %q", tt.schedule, err, tt.wantErr)
 			}
 		})
 	}

@@ -22,11 +22,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/socialweb-computer/socialweb/internal/boottimeline"
+	swdaemon "github.com/socialweb-computer/socialweb/internal/daemon"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
 )
@@ -262,6 +264,17 @@ func (d *daemon) tenant(name string) (*rest.Config, kubernetes.Interface) {
 		d.t.Fatalf("parsing kubeconfig of %s: %v", name, err)
 	}
 	return cfg, kubernetes.NewForConfigOrDie(cfg)
+}
+
+// management returns a client of the management API as kubectl reaches it, with the
+// daemon's admin kubeconfig.
+func (d *daemon) management() dynamic.Interface {
+	d.t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(d.stateDir, swdaemon.AdminKubeconfig))
+	if err != nil {
+		d.t.Fatalf("the management API's kubeconfig: %v", err)
+	}
+	return dynamic.NewForConfigOrDie(cfg)
 }
 
 // mgmtRunning says whether the management API of stateDir runs (its record names a
