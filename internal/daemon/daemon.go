@@ -87,7 +87,7 @@ type Options struct {
 	RegistryTagTTL  time.Duration
 	RegistryOffline bool
 	// ImageCacheSize is the registry's byte budget (0 none); ImageClusterQuota caps
-	// each cluster's own images (0 none).
+	// what each cluster brings into it (0 none).
 	ImageCacheSize    int64
 	ImageClusterQuota int64
 	// BuildCache serves each cluster an S3 build cache on its gateway

@@ -65,7 +65,8 @@ type Config struct {
 	Upstream *registry.Upstream
 	// ImageCacheSize is the registry's budget, kept by garbage collection every
 	// GCInterval (0: no budget; only blobs nothing references are removed).
-	// ClusterQuota caps each cluster's own images (registry.Server.ClusterQuota).
+	// ClusterQuota caps what each cluster brings into the registry
+	// (registry.Server.ClusterQuota).
 	ImageCacheSize int64
 	ClusterQuota   int64
 	// Cgroups holds each VM's qemu in a group of its own (qemu.Config.Cgroups); nil none.

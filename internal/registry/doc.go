@@ -70,6 +70,7 @@
 //
 //	<Dir>/repositories/_tenants/<cluster>/<name>/...                a cluster's overlay
 //	<Dir>/upstream/<repo>/_tags/<tag>                               a tag pulled through: the digest, mtime = last confirmed
+//	<Dir>/charges/<cluster>/<hex>                                   the cluster that brought blob <hex> in (charges.go)
 //
 // # Why not a library, and which one for upstream
 //

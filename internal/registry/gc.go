@@ -15,7 +15,8 @@ import (
 // remaining manifest references. Pushed images are the operator's and are never
 // removed; neither is anything a node asked for in the last GCGrace (a node may be
 // pulling it now: its blobs arrive after its manifest), nor a blob written in the
-// last GCGrace (a pull in another process may be about to reference it).
+// last GCGrace (a pull in another process may be about to reference it). A blob
+// removed takes its charge with it (charges.go).
 
 // GCGrace protects what was just used or written.
 const GCGrace = 10 * time.Minute
@@ -188,6 +189,16 @@ func (s *Server) GC(budget int64, dryRun bool) (GCResult, error) {
 		return res, nil
 	}
 	var errs []error
+	charges, err := st.charges()
+	if err != nil {
+		errs = append(errs, err) // the space matters more; a charge left counts nothing
+	}
+	chargedTo := map[string][]string{}
+	for cluster, ds := range charges {
+		for d := range ds {
+			chargedTo[d] = append(chargedTo[d], cluster)
+		}
+	}
 	for r := range gone {
 		for _, d := range []string{filepath.Join(st.dir, "repositories", filepath.FromSlash(r)), filepath.Join(st.dir, "upstream", filepath.FromSlash(r)),
 			filepath.Join(st.dir, "used", filepath.FromSlash(r))} {
@@ -203,11 +214,33 @@ func (s *Server) GC(budget int64, dryRun bool) (GCResult, error) {
 		if live[d] || filling[d] || now.Sub(b.mtime) < GCGrace {
 			continue
 		}
+		// Leaving the cache, its bytes are no longer anyone's. The charge goes first: cut
+		// short here, a blob charged to nobody is better than a charge outliving it.
+		for _, c := range chargedTo[d] {
+			if err := os.Remove(st.chargePath(c, d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
 		if err := os.Remove(st.blobPath(d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 			continue
 		}
 		res.RemovedBlobs++
+	}
+	// Charges of blobs removed some other way, so a cluster that brings one in again
+	// is the only one charged. A fresh charge may be for a blob stored since the blobs
+	// were listed.
+	for d, cs := range chargedTo {
+		if _, ok := blobs[d]; ok {
+			continue
+		}
+		for _, c := range cs {
+			if info, err := os.Stat(st.chargePath(c, d)); err == nil && now.Sub(info.ModTime()) >= GCGrace {
+				if err := os.Remove(st.chargePath(c, d)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					errs = append(errs, err)
+				}
+			}
+		}
 	}
 	if len(res.RemovedRepos) > 0 || res.RemovedBlobs > 0 {
 		s.log.Info("registry garbage collected", "before", res.Before, "after", res.After, "budget", budget, "repositories", res.RemovedRepos, "blobs", res.RemovedBlobs)
@@ -222,51 +255,61 @@ func displayRepo(r string) string {
 	return r
 }
 
-// Usage is the bytes of blobs each cluster's overlay references ("" is the shared
-// images); a blob two overlays reference counts in both.
+// Usage is the bytes each cluster brought into the store, still there: what its
+// quota counts (charges.go). "" is the bytes of blobs no cluster is charged for
+// (pushed host-wide, stored before charges were kept, or brought in by a cluster since
+// deleted). A blob counts once.
 func (s *Server) Usage() (map[string]int64, error) {
 	if err := s.init(); err != nil {
 		return nil, err
 	}
-	repos, err := s.st.catalog()
-	if err != nil {
-		return nil, err
-	}
 	blobs, err := s.st.blobs()
 	if err != nil {
+		return nil, fmt.Errorf("listing blobs: %w", err)
+	}
+	charges, err := s.st.charges()
+	if err != nil {
 		return nil, err
 	}
-	per := map[string]map[string]bool{}
-	for _, r := range repos {
-		tenant, _, _ := splitOverlay(r)
-		if per[tenant] == nil {
-			per[tenant] = map[string]bool{}
-		}
-		for d := range s.st.repoRefs(r) {
-			per[tenant][d] = true
-		}
-	}
-	out := map[string]int64{}
-	for tenant, ds := range per {
+	out := map[string]int64{"": 0}
+	charged := map[string]bool{}
+	for cluster, ds := range charges {
+		var n int64
 		for d := range ds {
-			out[tenant] += blobs[d].size
+			if b, ok := blobs[d]; ok {
+				n += b.size
+				charged[d] = true
+			}
+		}
+		out[cluster] = n
+	}
+	for d, b := range blobs {
+		if !charged[d] {
+			out[""] += b.size
 		}
 	}
 	return out, nil
 }
 
-// overQuota says why cluster may not add to its share of the cache, or "".
-func (s *Server) overQuota(cluster string) string {
-	if s.ClusterQuota <= 0 {
+// overQuota says why cluster may not bring adding more bytes into the store (at
+// least 1: a fetch of unknown size), or "".
+func (s *Server) overQuota(cluster string, adding int64) string {
+	if s.ClusterQuota <= 0 || cluster == "" || adding <= 0 {
 		return ""
 	}
-	u, err := s.Usage()
+	have, err := s.st.charged(cluster)
 	if err != nil {
-		s.log.Warn("computing a cluster's share of the image cache", "cluster", cluster, "err", err)
+		s.log.Warn("computing what a cluster brought into the image cache; its quota is not applied", "cluster", cluster, "err", err)
 		return ""
 	}
-	if u[cluster] >= s.ClusterQuota {
-		return fmt.Sprintf("cluster %s's own images (pulled with its credentials, pushed for it) hold %d bytes of the host's image cache, at or over its quota of %d (serve --image-cluster-quota)", cluster, u[cluster], s.ClusterQuota)
+	if have+adding <= s.ClusterQuota {
+		return ""
 	}
-	return ""
+	what := "at or over its quota"
+	if adding > 1 {
+		what = fmt.Sprintf("and this image would add %d, over its quota", adding)
+	}
+	return fmt.Sprintf("cluster %s has brought %d bytes into the host's image cache (images fetched for its nodes, shared ones included, and pushed for it), %s of %d: "+
+		"the operator can raise serve --image-cluster-quota, or evict least recently used images with `socialweb image gc --image-cache-size SIZE` (bytes stop counting when they leave the cache)",
+		cluster, have, what, s.ClusterQuota)
 }

@@ -55,6 +55,7 @@ type importer struct {
 	files  map[string]*staged // by cleaned archive path
 	links  map[string]string  // archive path -> archive path it points at
 	loaded map[string]bool    // digests already in the store or moved there
+	by     string             // the cluster it is pushed for, charged for what it stores; "" host-wide
 }
 
 // Import loads an image tarball into the store and returns what it tagged, as
@@ -75,7 +76,9 @@ func (s *Server) Import(ctx context.Context, tarball io.Reader, refs ...string) 
 }
 
 // ImportFor is Import for cluster's nodes alone: the image goes into that cluster's
-// overlay, which it reads before the shared images and no other cluster reads.
+// overlay, which it reads before the shared images and no other cluster reads. The
+// blobs it stores are charged to cluster; the operator's push is never refused for
+// its quota.
 func (s *Server) ImportFor(ctx context.Context, cluster string, tarball io.Reader, refs ...string) ([]string, error) {
 	if !componentRE.MatchString(cluster) || strings.ContainsAny(cluster, "._") {
 		return nil, fmt.Errorf("cluster %q is not a cluster name (lower-case letters, digits and -)", cluster)
@@ -103,7 +106,7 @@ func (s *Server) importTo(ctx context.Context, cluster string, tarball io.Reader
 		return nil, err
 	}
 	defer os.RemoveAll(stageDir)
-	im := &importer{st: s.st, files: map[string]*staged{}, links: map[string]string{}, loaded: map[string]bool{}}
+	im := &importer{st: s.st, files: map[string]*staged{}, links: map[string]string{}, loaded: map[string]bool{}, by: cluster}
 	if err := im.stage(ctx, tarball, stageDir); err != nil {
 		return nil, err
 	}
@@ -352,7 +355,7 @@ func (im *importer) ingestBlob(d descriptor) (bool, error) {
 	if d.Size != 0 && d.Size != f.size {
 		return false, errf(errSizeInvalid, "the tarball's blob %s has %d bytes, its descriptor says %d", d.Digest, f.size, d.Size)
 	}
-	if err := im.st.commitPath(f.path, d.Digest); err != nil {
+	if err := im.st.commitPath(f.path, d.Digest, im.by); err != nil {
 		return false, err
 	}
 	// Another archive path may link to the same file; serve it from the store from now on.
@@ -456,7 +459,7 @@ func (im *importer) convertDocker(configPath string, layerPaths []string) (descr
 		if im.loaded[f.digest] {
 			return nil
 		}
-		if err := im.st.commitPath(f.path, f.digest); err != nil {
+		if err := im.st.commitPath(f.path, f.digest, im.by); err != nil {
 			return err
 		}
 		f.path = im.st.blobPath(f.digest)
@@ -488,7 +491,7 @@ func (im *importer) convertDocker(configPath string, layerPaths []string) (descr
 	if err != nil {
 		return descriptor{}, err
 	}
-	digest, _, err := im.st.writeBlob(bytes.NewReader(content), "")
+	digest, _, err := im.st.writeBlob(bytes.NewReader(content), "", im.by)
 	if err != nil {
 		return descriptor{}, err
 	}

@@ -26,7 +26,7 @@ var (
 	descUpstream = prometheus.NewDesc("socialweb_registry_upstream_bytes_total", "Bytes fetched from upstream registries.", nil, nil)
 	descServed   = prometheus.NewDesc("socialweb_registry_served_bytes_total", "Bytes of manifests and blobs served to nodes.", nil, nil)
 	descSize     = prometheus.NewDesc("socialweb_registry_cache_bytes", "Bytes of blobs the registry stores (pushed and pulled).", nil, nil)
-	descCluster  = prometheus.NewDesc("socialweb_registry_cluster_bytes", `Bytes of blobs a cluster's own images reference (pulled with its credentials, pushed for it); cluster="" is the shared images. A blob counts for each that references it.`, []string{"cluster"}, nil)
+	descCluster  = prometheus.NewDesc("socialweb_registry_cluster_bytes", `Bytes of blobs a cluster brought into the registry (fetched from upstream for its nodes, shared images included, or pushed for it): what --image-cluster-quota counts. cluster="" is the blobs no cluster is charged for (pushed host-wide, stored before charges were kept, or brought by a deleted cluster). A blob counts once.`, []string{"cluster"}, nil)
 )
 
 // Collector exposes the registry's pull-through metrics.

@@ -30,9 +30,10 @@ func (s *Server) noteFailure(v *view, name, ref string, err error) {
 	s.log.Info("pull through failed", "cluster", tenant, "name", name, "ref", ref, "err", err)
 }
 
-// putPulledManifest stores a manifest fetched from upstream as name:ref. Unlike a push,
-// the blobs it references need not be here yet: they are fetched when asked for.
-func (s *store) putPulledManifest(name, ref string, content []byte, contentType string) (string, string, error) {
+// putPulledManifest stores a manifest fetched from upstream as name:ref, charged to
+// cluster by if it is new. Unlike a push, the blobs it references need not be here yet:
+// they are fetched when asked for.
+func (s *store) putPulledManifest(name, ref string, content []byte, contentType, by string) (string, string, error) {
 	_, mt, err := parseManifest(content, contentType)
 	if err != nil {
 		if _, mt, err = parseManifest(content, ""); err != nil {
@@ -45,7 +46,7 @@ func (s *store) putPulledManifest(name, ref string, content []byte, contentType 
 		return "", "", errf(errDigestInvalid, "upstream sent a manifest whose digest is %s for %s", digest, ref)
 	}
 	if _, err := os.Stat(s.blobPath(digest)); err != nil {
-		if _, _, err := s.writeBlob(strings.NewReader(string(content)), digest); err != nil {
+		if _, _, err := s.writeBlob(strings.NewReader(string(content)), digest, by); err != nil {
 			return "", "", err
 		}
 	}
@@ -152,6 +153,7 @@ func (s *store) haveImage(digest string) bool {
 // the last have arrived.
 type fill struct {
 	digest string
+	by     string   // the cluster whose node started it, charged for the blob; "" nobody
 	r      *os.File // the temp file, read with ReadAt by every reader
 	ready  chan struct{}
 
@@ -190,9 +192,10 @@ func (s *Server) release(f *fill) {
 }
 
 // acquireFill returns the running fetch of digest from up, starting one if none runs.
-// A fill runs with the credentials of the node that started it; a node joins one only
-// once its own view of the repository entitles it to the blob (nodeBlob).
-func (s *Server) acquireFill(up upstreamRef, digest string, auth authn.Authenticator) (*fill, error) {
+// A fill runs with the credentials of the node that started it, and its blob is
+// charged to that node's cluster by; a node joins one only once its own view of the
+// repository entitles it to the blob (nodeBlob).
+func (s *Server) acquireFill(up upstreamRef, digest string, auth authn.Authenticator, by string) (*fill, error) {
 	s.fillMu.Lock()
 	defer s.fillMu.Unlock()
 	if f, ok := s.fills[digest]; ok {
@@ -209,7 +212,7 @@ func (s *Server) acquireFill(up upstreamRef, digest string, auth authn.Authentic
 		os.Remove(tmp.Name())
 		return nil, err
 	}
-	f := &fill{digest: digest, r: r, ready: make(chan struct{}), changed: make(chan struct{}), size: -1, refs: 2}
+	f := &fill{digest: digest, by: by, r: r, ready: make(chan struct{}), changed: make(chan struct{}), size: -1, refs: 2}
 	if s.fills == nil {
 		s.fills = map[string]*fill{}
 	}
@@ -297,7 +300,7 @@ func (s *Server) fetchInto(ctx context.Context, cancel func(), f *fill, up upstr
 	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != f.digest {
 		return errf(errDigestInvalid, "upstream sent content with digest %s for %s", got, f.digest)
 	}
-	return s.st.commitBlob(tmp, f.digest)
+	return s.st.commitBlob(tmp, f.digest, f.by)
 }
 
 // DefaultMaxBlobSize caps one blob, pulled or pushed over HTTP, unless Server.MaxBlobSize says.
@@ -317,8 +320,22 @@ func (s *Server) pullBlob(w http.ResponseWriter, r *http.Request, v *view, up up
 		fail(w, errf(errDenied, "%s", why))
 		return
 	}
+	by := ""
+	if v != nil {
+		by = v.tenant
+	}
+	// Joining a fetch already running brings nothing in; starting one would.
+	s.fillMu.Lock()
+	_, running := s.fills[digest]
+	s.fillMu.Unlock()
+	if !running {
+		if why := s.overQuota(by, 1); why != "" {
+			fail(w, errf(errOverQuota, "blob %s of %s: %s", digest, up.canonical, why))
+			return
+		}
+	}
 	s.metrics.miss()
-	f, err := s.acquireFill(up, digest, auth)
+	f, err := s.acquireFill(up, digest, auth, by)
 	if err != nil {
 		fail(w, err)
 		return

@@ -267,7 +267,7 @@ func TestPullThroughRefusesABadDigest(t *testing.T) {
 	wrong := sha([]byte("something else"))
 	// Upstream serves any blob for any digest (its blobs are global): ask for a digest
 	// whose content upstream lacks, under a layer's name, by planting the bytes.
-	if _, _, err := u.reg.st.writeBlob(strings.NewReader("tampered"), ""); err != nil {
+	if _, _, err := u.reg.st.writeBlob(strings.NewReader("tampered"), "", ""); err != nil {
 		t.Fatal(err)
 	}
 	if err := copyFile(u.reg.st.blobPath(sha([]byte("tampered"))), u.reg.st.blobPath(wrong)); err != nil {

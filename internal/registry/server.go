@@ -43,8 +43,10 @@ type Server struct {
 	// MaxBlobSize caps one blob fetched from upstream or pushed over HTTP; 0 is
 	// DefaultMaxBlobSize.
 	MaxBlobSize int64
-	// ClusterQuota caps the bytes a cluster's own images (its overlay) may hold
-	// before it may pull no more with its credentials; 0 is none.
+	// ClusterQuota caps the bytes a cluster may bring into the store (charges.go): a
+	// fetch from upstream for its nodes that would take it past the quota is refused
+	// with QUOTA_EXCEEDED, shared images included; what is stored is served whatever
+	// the quota. 0 is none.
 	ClusterQuota int64
 
 	once     sync.Once
@@ -537,7 +539,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, name string, rt 
 			}
 		}
 		if d := q.Get("digest"); d != "" {
-			if _, _, err := s.st.writeBlob(&cappedReader{r: r.Body, left: s.maxBlob()}, d); err != nil {
+			if _, _, err := s.st.writeBlob(&cappedReader{r: r.Body, left: s.maxBlob()}, d, ""); err != nil {
 				fail(w, err)
 				return
 			}

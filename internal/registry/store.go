@@ -70,6 +70,9 @@ func openStore(dir string, log *slog.Logger) (*store, error) {
 			}
 		}
 	}
+	if err := s.chargeExisting(); err != nil {
+		return nil, fmt.Errorf("registry: %w", err)
+	}
 	return s, nil
 }
 
@@ -139,9 +142,10 @@ func (s *store) openBlob(digest string) (*os.File, error) {
 	return f, err
 }
 
-// commitBlob syncs and closes tmp (whose content hashes to digest) and renames it into the
-// blob store. A blob already present is left alone: same digest, same bytes.
-func (s *store) commitBlob(tmp *os.File, digest string) error {
+// commitBlob syncs and closes tmp (whose content hashes to digest) and moves it into the
+// blob store, charged to cluster by ("" nobody; charges.go). A blob already present is
+// left alone: same digest, same bytes.
+func (s *store) commitBlob(tmp *os.File, digest, by string) error {
 	name := tmp.Name()
 	err := tmp.Sync()
 	if cerr := tmp.Close(); err == nil {
@@ -151,10 +155,12 @@ func (s *store) commitBlob(tmp *os.File, digest string) error {
 		os.Remove(name)
 		return err
 	}
-	return s.commitPath(name, digest)
+	return s.commitPath(name, digest, by)
 }
 
-func (s *store) commitPath(name, digest string) error {
+// commitPath moves file name into the blob store as digest and charges it to cluster by
+// if this call is what put it there.
+func (s *store) commitPath(name, digest, by string) error {
 	dst := s.blobPath(digest)
 	if _, err := os.Stat(dst); err == nil {
 		os.Remove(name)
@@ -164,16 +170,29 @@ func (s *store) commitPath(name, digest string) error {
 		os.Remove(name)
 		return err
 	}
-	if err := os.Rename(name, dst); err != nil {
+	// A hard link fails if the blob is there, so of two writers of one blob (two
+	// processes) exactly one stores it and is charged for it.
+	err := os.Link(name, dst)
+	if errors.Is(err, fs.ErrExist) {
 		os.Remove(name)
-		return err
+		return nil
 	}
+	if err != nil {
+		// A file system without hard links: rename (the same bytes, whoever wins).
+		if err := os.Rename(name, dst); err != nil {
+			os.Remove(name)
+			return err
+		}
+	} else {
+		os.Remove(name)
+	}
+	s.charge(by, digest)
 	return nil
 }
 
-// writeBlob stores r's content; when want is set the content must hash to it
-// (DIGEST_INVALID otherwise, and nothing is stored).
-func (s *store) writeBlob(r io.Reader, want string) (string, int64, error) {
+// writeBlob stores r's content, charged to cluster by if it is new; when want is set
+// the content must hash to it (DIGEST_INVALID otherwise, and nothing is stored).
+func (s *store) writeBlob(r io.Reader, want, by string) (string, int64, error) {
 	if want != "" {
 		if err := checkDigest(want); err != nil {
 			return "", 0, err
@@ -196,7 +215,7 @@ func (s *store) writeBlob(r io.Reader, want string) (string, int64, error) {
 		os.Remove(tmp.Name())
 		return "", n, errf(errDigestInvalid, "content digest is %s, not %s", got, want)
 	}
-	return got, n, s.commitBlob(tmp, got)
+	return got, n, s.commitBlob(tmp, got, by)
 }
 
 // writeFileAtomic replaces path with data via a temp file and rename.
@@ -339,7 +358,7 @@ func (s *store) finishUpload(u *upload, digest string) error {
 		s.endUpload(u, true)
 		return errf(errDigestInvalid, "uploaded content has digest %s, not %s", got, digest)
 	}
-	if err := s.commitPath(u.path, digest); err != nil {
+	if err := s.commitPath(u.path, digest, ""); err != nil { // uploads are the host's
 		s.endUpload(u, true)
 		return err
 	}
@@ -468,7 +487,8 @@ func (s *store) putManifest(name, ref string, content []byte, contentType string
 		}
 	}
 	if _, err := os.Stat(s.blobPath(digest)); err != nil {
-		if _, _, err := s.writeBlob(bytes.NewReader(content), digest); err != nil {
+		by, _, _ := splitOverlay(name) // pushed for a cluster alone: its charge
+		if _, _, err := s.writeBlob(bytes.NewReader(content), digest, by); err != nil {
 			return "", "", err
 		}
 	}

@@ -141,7 +141,7 @@ func (s *Server) readManifest(ctx context.Context, v *view, name, ref string) ([
 	b, umt, udigest, ferr := s.Upstream.fetchManifest(ctx, up, ref, false, authn.Anonymous)
 	switch {
 	case ferr == nil:
-		return s.storePulled(name, ref, b, umt, udigest)
+		return s.storePulled(v, name, ref, b, umt, udigest)
 	case isAuthErr(ferr):
 		return s.privateManifest(ctx, v, up, name, ref)
 	case err == nil:
@@ -160,16 +160,13 @@ func (s *Server) privateManifest(ctx context.Context, v *view, up upstreamRef, n
 		s.noteFailure(v, name, ref, errors.New("upstream wants credentials; none sent"))
 		return nil, "", "", challenge(up)
 	}
-	if why := s.overQuota(v.tenant); why != "" {
-		return nil, "", "", errf(errOverQuota, "%s", why)
-	}
 	b, umt, udigest, err := s.Upstream.fetchManifest(ctx, up, ref, false, v.auth)
 	if err != nil {
 		s.noteFailure(v, name, ref, err)
 		return nil, "", "", asRegistryError(up, "manifest "+ref, err)
 	}
 	s.log.Info("pulled with a cluster's credentials; only it sees the image", "cluster", v.tenant, "name", name, "ref", ref)
-	return s.storePulled(overlay(v.tenant, name), ref, b, umt, udigest)
+	return s.storePulled(v, overlay(v.tenant, name), ref, b, umt, udigest)
 }
 
 // overlayManifest serves a manifest of v's own overlay: pushed for it (never checked)
@@ -195,7 +192,7 @@ func (s *Server) overlayManifest(ctx context.Context, v *view, over, name, ref s
 		b, umt, udigest, err := s.Upstream.fetchManifest(ctx, up, ref, false, v.auth)
 		if err == nil {
 			s.metrics.miss()
-			return s.storePulled(over, ref, b, umt, udigest)
+			return s.storePulled(v, over, ref, b, umt, udigest)
 		}
 		herr = err
 	}
@@ -208,9 +205,22 @@ func (s *Server) overlayManifest(ctx context.Context, v *view, over, name, ref s
 	return content, mt, digest, nil
 }
 
-func (s *Server) storePulled(repo, ref string, b []byte, umt, udigest string) ([]byte, string, string, error) {
+// storePulled stores manifest b, fetched from upstream for v (nil: the host), as
+// repo:ref, charged to v's cluster if new. That cluster's quota is asked first, for
+// the manifest and the blobs it references that are not stored yet.
+func (s *Server) storePulled(v *view, repo, ref string, b []byte, umt, udigest string) ([]byte, string, string, error) {
 	s.metrics.fromUpstream(int64(len(b)))
-	got, gmt, err := s.st.putPulledManifest(repo, ref, b, umt)
+	by := ""
+	if v != nil {
+		by = v.tenant
+	}
+	if by != "" && s.ClusterQuota > 0 {
+		if why := s.overQuota(by, s.st.newBytes(b, umt)); why != "" {
+			s.noteFailure(v, repo, ref, errors.New(why))
+			return nil, "", "", errf(errOverQuota, "%s", why)
+		}
+	}
+	got, gmt, err := s.st.putPulledManifest(repo, ref, b, umt, by)
 	if err != nil {
 		return nil, "", "", fmt.Errorf("storing manifest %s:%s from upstream: %w", repo, ref, err)
 	}
@@ -317,7 +327,11 @@ func (s *Server) passThrough(w http.ResponseWriter, r *http.Request, v *view, na
 		panic(http.ErrAbortHandler) // the node sees a cut body and discards it
 	}
 	if _, err := s.st.statBlob(digest); err != nil {
-		if err := s.st.commitBlob(tmp, digest); err != nil {
+		// Kept only within the node's cluster's quota; the node has its bytes either way.
+		if why := s.overQuota(v.tenant, n); why != "" {
+			tmp.Close()
+			s.log.Info("a passed-through blob is not kept", "cluster", v.tenant, "digest", digest, "why", why)
+		} else if err := s.st.commitBlob(tmp, digest, v.tenant); err != nil {
 			s.log.Warn("keeping a passed-through blob", "digest", digest, "err", err)
 		}
 		return
@@ -415,13 +429,14 @@ type refsCache struct {
 }
 
 // ForgetCluster removes cluster's overlay from the registry in dir: the images pushed
-// for it and the tags it pulled with credentials. Their blobs stay for the other
-// clusters that reference them (and for garbage collection).
+// for it and the tags it pulled with credentials, and its charges. Their blobs stay
+// for the other clusters that reference them (and for garbage collection), charged to
+// nobody.
 func ForgetCluster(dir, cluster string) error {
 	if cluster == "" || strings.ContainsAny(cluster, "/.") {
 		return fmt.Errorf("forgetting cluster %q: not a cluster name", cluster)
 	}
-	for _, d := range []string{filepath.Join(dir, "repositories", tenantsDir, cluster), filepath.Join(dir, "upstream", tenantsDir, cluster)} {
+	for _, d := range []string{filepath.Join(dir, "repositories", tenantsDir, cluster), filepath.Join(dir, "upstream", tenantsDir, cluster), filepath.Join(dir, chargesDir, cluster)} {
 		if err := os.RemoveAll(d); err != nil {
 			return fmt.Errorf("forgetting cluster %s's images: %w", cluster, err)
 		}

@@ -202,30 +202,6 @@ func TestViewsKeepPrivateImagesToTheirCluster(t *testing.T) {
 	}
 }
 
-// A cluster whose own images are at its quota may pull no more with credentials; the
-// shared images are not held against it.
-func TestClusterQuota(t *testing.T) {
-	p := newPrivateUpstream(t)
-	p.image(t, "private/one", "1", "first")
-	p.image(t, "private/two", "1", "second")
-	p.image(t, "team/tool", "1", "public")
-	pool := x509.NewCertPool()
-	pool.AddCert(p.ts.Certificate())
-	s := &Server{Dir: t.TempDir(), Logger: testLogger(t), ClusterQuota: 1, Upstream: &Upstream{Mirrors: map[string]string{"upstream.test": p.ts.URL}, RootCAs: pool}}
-	a := httptest.NewServer(s.NodeHandlerFor("a"))
-	t.Cleanup(a.Close)
-	creds := []string{"Authorization", basic("ci", p.password)}
-	do(t, a, "GET", "/v2/private/one/manifests/1?ns=upstream.test", nil, creds...).expect(t, "under the quota", http.StatusOK)
-	r := do(t, a, "GET", "/v2/private/two/manifests/1?ns=upstream.test", nil, creds...)
-	if r.status != http.StatusForbidden || r.errCode() != errOverQuota || !strings.Contains(string(r.body), "--image-cluster-quota") {
-		t.Errorf("a private pull over the quota: %d %s; want 403 QUOTA_EXCEEDED naming the flag", r.status, r.body)
-	}
-	if f, ok := s.LastFailure("a", "upstream.test/private/two:1"); !ok || f.Reason != "OverQuota" {
-		t.Errorf("LastFailure = %+v %v, want OverQuota", f, ok)
-	}
-	do(t, a, "GET", "/v2/team/tool/manifests/1?ns=upstream.test", nil).expect(t, "a shared image over the quota", http.StatusOK)
-}
-
 // Only images every cluster may pull reach the layer share (LayersStored, AllLayers):
 // not those pushed for one cluster, nor those pulled with one's credentials.
 func TestLayerShareHoldsOnlySharedImages(t *testing.T) {

@@ -7,9 +7,13 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/images"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 	"github.com/socialweb-computer/socialweb/internal/pullevents"
@@ -40,13 +45,18 @@ import (
 //     is not allowed, and never runs, though the image is on the host.
 //  5. The layer share every node reads holds the public image's layer, not the private
 //     one's: on the host, and as a privileged Pod of tenant b lists it.
-//  6. Upstream stopped: a's new Pod of the cached image (pull policy Always) runs; a Pod
+//  6. The quota counts what a cluster brought into the cache: a is charged for the
+//     public image its node fetched; b, whose node got it from the cache, nothing. Restarted
+//     with a's charge as --image-cluster-quota, the charges are as they were; a's Pod of
+//     a public image not stored gets an Event saying over quota, and a's Pod of the
+//     stored image (pull policy Always) runs.
+//  7. Upstream stopped: a's new Pod of the cached image (pull policy Always) runs; a Pod
 //     of an uncached image gets an Event saying upstream could not be reached, in 30 s.
 func TestPullThroughAnyRegistry(t *testing.T) {
 	img := nodeImage(t)
 	pub := livetest.StartUpstream(t, livetest.UpstreamOptions{})
 	priv := livetest.StartUpstream(t, livetest.UpstreamOptions{Auth: true})
-	ctx := ctxT(t, 25*time.Minute)
+	ctx := ctxT(t, 30*time.Minute)
 	hello, token := testImage(t, ctx, "hello")
 	secret, secretToken := testImage(t, ctx, "secret")
 	if _, err := pub.Push(ctx, hello, "team/hello:1"); err != nil {
@@ -56,7 +66,8 @@ func TestPullThroughAnyRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	d := newDaemon(t, 2, "--node-image", img, "--default-node-disk", "3Gi",
+	metrics := fmt.Sprintf("127.0.0.1:%d", livetest.FreePort(t))
+	d := newDaemon(t, 2, "--node-image", img, "--default-node-disk", "3Gi", "--metrics-address", metrics,
 		"--registry-mirror", "upstream.test=https://"+pub.Addr+",private.test=https://"+priv.Addr,
 		"--registry-ca", pub.CAFile+","+priv.CAFile, "--registry-tag-ttl", "1h")
 	d.start()
@@ -121,7 +132,44 @@ func TestPullThroughAnyRegistry(t *testing.T) {
 		t.Errorf("step 5: tenant b's privileged Pod lists the layer share as\n%s\nwant %s (public) and not %s (a's private image)", listing, helloLayer, secretLayer)
 	}
 
-	// 6. Upstream down.
+	// 6. The quota.
+	charged, err := registryCharges(metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if charged["a"] <= 0 || charged["b"] != 0 {
+		t.Errorf("step 6: socialweb_registry_cluster_bytes is %v; want a charged for what its node fetched, b for nothing", charged)
+	}
+	fresh, _ := testImage(t, ctx, "fresh")
+	if _, err := pub.Push(ctx, fresh, "team/fresh:1"); err != nil {
+		t.Fatal(err)
+	}
+	d.stop(syscall.SIGTERM)
+	d.extra = append(d.extra, "--image-cluster-quota", strconv.FormatInt(charged["a"], 10))
+	d.start()
+	d.waitPhase("a", v1.PhaseReady, 3*time.Minute)
+	livetest.Eventually(t, time.Minute, time.Second, "a's charge read back after the restart", func() bool {
+		again, err := registryCharges(metrics)
+		if err != nil {
+			return false // the metrics listener starts after the management API
+		}
+		if again["a"] != charged["a"] {
+			t.Fatalf("step 6: after a restart a is charged %d bytes, before it %d", again["a"], charged["a"])
+		}
+		return true
+	})
+	if _, err := ka.CoreV1().Pods("default").Create(ctx, pullPod("fresh", "upstream.test/team/fresh:1", ""), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ev = waitEvent(t, ctx, ka, "fresh", "OverQuota", 3*time.Minute)
+	if !strings.Contains(ev.Message, "--image-cluster-quota") || !strings.Contains(ev.Message, "image gc") {
+		t.Errorf("step 6: event %q does not say what would do (--image-cluster-quota, image gc)", ev.Message)
+	}
+	stored := pullPod("stored", "upstream.test/team/hello:1", "")
+	stored.Spec.Containers[0].ImagePullPolicy = corev1.PullAlways
+	runPod(t, ctx, ka, stored, token)
+
+	// 7. Upstream down.
 	pub.Stop()
 	cached := pullPod("cached", "upstream.test/team/hello:1", "")
 	cached.Spec.Containers[0].ImagePullPolicy = corev1.PullAlways
@@ -131,7 +179,37 @@ func TestPullThroughAnyRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev = waitEvent(t, ctx, ka, "uncached", "UpstreamUnreachable", 30*time.Second)
-	t.Logf("step 5: %s %q %s after the Pod was created", ev.Reason, ev.Message, time.Since(t0).Round(time.Millisecond))
+	t.Logf("step 7: %s %q %s after the Pod was created", ev.Reason, ev.Message, time.Since(t0).Round(time.Millisecond))
+}
+
+// registryCharges is socialweb_registry_cluster_bytes by cluster, scraped from addr.
+func registryCharges(addr string) (map[string]int64, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, fmt.Errorf("scraping %s: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("scraping %s: %w", addr, err)
+	}
+	out := map[string]int64{}
+	for _, l := range strings.Split(string(body), "\n") {
+		rest, ok := strings.CutPrefix(l, `socialweb_registry_cluster_bytes{cluster="`)
+		if !ok {
+			continue
+		}
+		cluster, value, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			return nil, fmt.Errorf("metric line %q", l)
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			return nil, fmt.Errorf("metric line %q: %w", l, err)
+		}
+		out[cluster] = int64(f)
+	}
+	return out, nil
 }
 
 func pullPod(name, image, secret string) *corev1.Pod {
