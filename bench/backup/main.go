@@ -13,13 +13,10 @@ import (
 	"fmt"
 	"log"
 	"math/rand/v2"
-	"net"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -28,6 +25,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/socialweb-computer/socialweb/bench/internal/benchd"
 )
 
 func main() {
@@ -35,31 +34,14 @@ func main() {
 	objects := flag.Int("objects", 10000, "ConfigMaps in the tenant")
 	rounds := flag.Int("rounds", 3, "backup/delete/restore rounds")
 	flag.Parse()
-	state, err := os.MkdirTemp("", "socialweb-backupbench-")
+	d, err := benchd.Start(*bin, "171-179")
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer os.RemoveAll(state)
-	apiPort, port := freePort(), freePort()
-	daemon := exec.Command(*bin, "serve", "--state-dir", state, "--api-port", strconv.Itoa(apiPort),
-		"--port-range", fmt.Sprintf("%d-%d", port, port), "--network-range", "171-179", "--metrics-address", "")
-	logf, err := os.Create(state + ".log")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.Remove(state + ".log")
-	daemon.Stdout, daemon.Stderr = logf, logf
-	if err := daemon.Start(); err != nil {
-		log.Fatal(err)
-	}
-	cli := func(args ...string) (string, error) {
-		out, err := exec.Command(*bin, append(args, "--state-dir", state)...).CombinedOutput()
-		return string(out), err
-	}
+	cli, state := d.CLI, d.State
 	stop := func() {
 		_, _ = cli("cluster", "delete", "bench", "--wait")
-		_ = daemon.Process.Signal(syscall.SIGTERM)
-		_ = daemon.Wait()
+		d.Stop()
 	}
 	defer stop()
 	// Interrupted: the daemon and its tenant go too.
@@ -68,21 +50,11 @@ func main() {
 	go func() {
 		<-sigs
 		stop()
-		os.RemoveAll(state)
 		os.Exit(1)
 	}()
 	fatalf := func(format string, args ...any) {
 		stop()
-		os.RemoveAll(state)
 		log.Fatalf(format, args...)
-	}
-	for end := time.Now().Add(3 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
-		if _, err := cli("cluster", "list"); err == nil {
-			break
-		}
-		if time.Now().After(end) {
-			fatalf("the daemon did not come up in 3m (log: %s.log)", state)
-		}
 	}
 	if out, err := cli("cluster", "create", "bench", "--wait"); err != nil {
 		fatalf("cluster create: %v\n%s", err, out)
@@ -189,15 +161,4 @@ func maxOf(ds []time.Duration) float64 {
 		m = max(m, d)
 	}
 	return m.Seconds()
-}
-
-func freePort() int {
-	for {
-		p := 10000 + rand.IntN(22000)
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
-		if err == nil {
-			l.Close()
-			return p
-		}
-	}
 }

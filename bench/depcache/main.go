@@ -19,13 +19,10 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -42,6 +39,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/socialweb-computer/socialweb/bench/internal/benchd"
 	"github.com/socialweb-computer/socialweb/internal/images"
 )
 
@@ -70,36 +68,15 @@ func main() {
 		log.Fatal("-image DIR is required: run `socialweb image build --ensure -o dir`")
 	}
 	ctx := context.Background()
-	state, err := os.MkdirTemp("", "socialweb-depcache-")
+	d, err := benchd.Start(*bin, "180-189", "--node-image", *image, "--build-cache-budget", "4Gi")
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer os.RemoveAll(state)
-	apiPort, lo := freePort(), freePort()
-	daemon := exec.Command(*bin, "serve", "--state-dir", state, "--node-image", *image,
-		"--api-port", strconv.Itoa(apiPort), "--port-range", fmt.Sprintf("%d-%d", lo, lo),
-		"--network-range", "180-189", "--metrics-address", "", "--build-cache-budget", "4Gi")
-	logf, err := os.Create(state + ".log")
-	if err != nil {
-		log.Fatal(err)
-	}
-	daemon.Stdout, daemon.Stderr = logf, logf
-	if err := daemon.Start(); err != nil {
-		log.Fatal(err)
-	}
-	cli := func(args ...string) (string, error) {
-		out, err := exec.Command(*bin, append(args, "--state-dir", state)...).CombinedOutput()
-		return string(out), err
-	}
-	stop := func() {
-		_ = daemon.Process.Signal(syscall.SIGTERM)
-		_ = daemon.Wait()
-		_, _ = cli("down")
-	}
-	defer stop()
+	defer d.Stop()
+	cli, state := d.CLI, d.State
 	fatalf := func(format string, args ...any) {
-		stop()
-		log.Fatalf(format+" (daemon log: "+state+".log)", args...)
+		d.Stop()
+		log.Fatalf(format+" (daemon log: "+d.Log+")", args...)
 	}
 	waitFor := func(what string, within time.Duration, ok func() bool) {
 		for end := time.Now().Add(within); !ok(); time.Sleep(time.Second) {
@@ -108,7 +85,6 @@ func main() {
 			}
 		}
 	}
-	waitFor("the daemon", 3*time.Minute, func() bool { _, err := cli("cluster", "list"); return err == nil })
 
 	tarPath, err := jobImageTar(ctx, state)
 	if err != nil {
@@ -317,13 +293,4 @@ func jobImageTar(ctx context.Context, dir string) (string, error) {
 		return "", err
 	}
 	return out, nil
-}
-
-func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }

@@ -20,13 +20,9 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -36,6 +32,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/bench/internal/benchd"
 )
 
 func main() {
@@ -46,48 +43,25 @@ func main() {
 	if *image == "" {
 		log.Fatal("-image DIR is required: run `socialweb image build --ensure`")
 	}
-	state, err := os.MkdirTemp("", "socialweb-podstart-")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(state)
-	metrics := fmt.Sprintf("127.0.0.1:%d", freePort())
-	apiPort, lo := freePort(), freePort()
-	daemon := exec.Command(*bin, "serve", "--state-dir", state, "--node-image", *image,
-		"--api-port", strconv.Itoa(apiPort), "--port-range", fmt.Sprintf("%d-%d", lo, lo),
-		"--network-range", "180-189", "--metrics-address", metrics, "--warm-pool", "1",
+	metrics := fmt.Sprintf("127.0.0.1:%d", benchd.FreePort())
+	d, err := benchd.Start(*bin, "180-189", "--node-image", *image, "--metrics-address", metrics, "--warm-pool", "1",
 		"--default-node-cpus", "1", "--default-node-memory", "1Gi")
-	logf, err := os.Create(state + ".log")
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer os.Remove(state + ".log")
-	daemon.Stdout, daemon.Stderr = logf, logf
-	if err := daemon.Start(); err != nil {
-		log.Fatal(err)
-	}
-	cli := func(args ...string) (string, error) {
-		out, err := exec.Command(*bin, append(args, "--state-dir", state)...).CombinedOutput()
-		return string(out), err
-	}
-	stop := func() {
-		_ = daemon.Process.Signal(syscall.SIGTERM)
-		_ = daemon.Wait()
-		_, _ = cli("down")
-	}
-	defer stop()
+	defer d.Stop()
+	cli := d.CLI
 	fatalf := func(format string, args ...any) {
-		stop()
-		log.Fatalf(format, args...)
+		d.Stop()
+		log.Fatalf(format+" (daemon log: "+d.Log+")", args...)
 	}
 	waitFor := func(what string, within time.Duration, ok func() bool) {
 		for end := time.Now().Add(within); !ok(); time.Sleep(500 * time.Millisecond) {
 			if time.Now().After(end) {
-				fatalf("timed out after %s waiting for %s (daemon log: %s.log)", within, what, state)
+				fatalf("timed out after %s waiting for %s", within, what)
 			}
 		}
 	}
-	waitFor("the daemon", 3*time.Minute, func() bool { _, err := cli("cluster", "list"); return err == nil })
 
 	type row struct{ warm, cold, idle time.Duration }
 	var rows []row
@@ -189,13 +163,4 @@ func poolReady(addr string) bool {
 		}
 	}
 	return false
-}
-
-func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
