@@ -180,6 +180,17 @@ func TestFourStepProof(t *testing.T) {
 			} else if limit := vmMemoryLimit(string(cg)); limit <= 0 || limit > 8<<30 {
 				t.Errorf("step 4: qemu %d's cgroup memory limit is %d bytes; want a cap near the guest's memory", pid, limit)
 			}
+			// Its virtiofsd (the shared layers) is held in the same group.
+			for _, v := range processesMentioning(d.stateDir) {
+				cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", v))
+				if !strings.Contains(string(cmdline), "virtiofsd") || strings.Contains(string(cmdline), "qemu-system") {
+					continue
+				}
+				livetest.Eventually(t, 30*time.Second, 250*time.Millisecond, "virtiofsd in its VM's cgroup", func() bool {
+					vcg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", v))
+					return string(vcg) == string(cg)
+				})
+			}
 		}
 	}
 	// The Cluster says which accelerator its nodes use and why, and the VM runs under it.
@@ -603,6 +614,10 @@ func hostNetwork(t *testing.T) map[string][]string {
 		slices.Sort(lines)
 		out[what] = lines
 	}
+	// VMs' cgroups (qemu and its virtiofsd): removed with their VM, by `down` too.
+	groups, _ := filepath.Glob("/sys/fs/cgroup/*/socialweb/vm-*")
+	v2, _ := filepath.Glob("/sys/fs/cgroup/socialweb/vm-*")
+	out["VM cgroups"] = slices.Sorted(slices.Values(append(groups, v2...)))
 	return out
 }
 

@@ -442,13 +442,13 @@ func (p *Provider) start(inst *instance, l launch) error {
 		<-done
 		return fmt.Errorf("qemu exited at once (%s)%s", exitText(inst.exitErr), p.qemuSaid(inst))
 	}
-	group, err := p.jail(inst, l, cmd.Process.Pid)
+	group, dirs, err := p.jail(inst, l, cmd.Process.Pid)
 	if err != nil {
 		_ = cmd.Process.Kill()
 		<-done
 		return fmt.Errorf("putting qemu in its cgroup: %w", err)
 	}
-	return p.update(inst, func(r *record) { r.Process, r.Cgroup = &id, group })
+	return p.update(inst, func(r *record) { r.Process, r.Cgroup, r.CgroupDirs = &id, group, dirs })
 }
 
 // vmOverheadMiB is what a qemu takes beyond its guest's memory and TCG cache (its
@@ -461,26 +461,36 @@ func VMGroup(stateDir, dir string) string {
 	return "vm-" + hex.EncodeToString(sum[:4]) + "-" + filepath.Base(dir)
 }
 
-// jail moves qemu (pid) into a group of its own and returns the group's name ("" when
-// the provider has no cgroups).
-func (p *Provider) jail(inst *instance, l launch, pid int) (string, error) {
+// jail moves qemu (pid) and the VM's virtiofsd, if it has one, into a group of its own
+// and returns the group's name and directories ("" when the provider has no cgroups). virtiofsd serves
+// that VM alone and reads what its guest asks for, so it is held by the VM's limits
+// too, not the daemon's.
+func (p *Provider) jail(inst *instance, l launch, pid int) (string, []string, error) {
 	if p.cfg.Cgroups == nil {
-		return "", nil
+		return "", nil, nil
 	}
 	name := VMGroup(p.cfg.StateDir, inst.dir)
 	g, err := p.cfg.Cgroups.Ensure(name, vmLimits(l))
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	if err := g.Add(pid); err != nil {
-		g.Remove()
-		return "", err
+	pids := []int{pid}
+	p.mu.Lock()
+	if inst.vproc != nil {
+		pids = append(pids, inst.vproc.Pid)
 	}
-	return name, nil
+	p.mu.Unlock()
+	for _, pid := range pids {
+		if err := g.Add(pid); err != nil {
+			g.Remove()
+			return "", nil, err
+		}
+	}
+	return name, g.Dirs(), nil
 }
 
-// vmLimits caps a VM's qemu: its guest's memory, its TCG cache and vmOverheadMiB;
-// 512 threads (vCPUs, I/O workers).
+// vmLimits caps a VM's qemu and virtiofsd: its guest's memory, its TCG cache and
+// vmOverheadMiB; 512 threads (vCPUs, I/O workers, virtiofsd's pool).
 func vmLimits(l launch) cgroup.Limits {
 	mem := l.MemoryMiB + vmOverheadMiB
 	if l.Accel == AccelTCG {
@@ -493,14 +503,48 @@ func vmLimits(l launch) cgroup.Limits {
 	return cgroup.Limits{MemoryMax: mem << 20, PIDsMax: 512, CPUWeight: 100}
 }
 
-// unjail removes a stopped VM's group.
+// unjail removes a stopped VM's group: the directories its record names (so a
+// provider without cgroups of its own, `socialweb down`'s, removes them too), or, for a
+// record from before they were kept, the group as Config.Cgroups names it.
 func (p *Provider) unjail(inst *instance) {
-	if p.cfg.Cgroups == nil || inst.rec.Cgroup == "" {
+	if inst.rec.Cgroup == "" {
+		return
+	}
+	if dirs := groupDirs(inst.rec); len(dirs) > 0 {
+		for _, d := range dirs {
+			// virtiofsd's sandboxed child dies with its parent, a moment after it:
+			// until then the group is busy.
+			var err error
+			for end := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) || !errors.Is(err, syscall.EBUSY) || time.Now().After(end) {
+					break
+				}
+			}
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				p.log.Warn("removing a VM's cgroup", "dir", d, "err", err)
+			}
+		}
+		return
+	}
+	if p.cfg.Cgroups == nil {
 		return
 	}
 	if err := p.cfg.Cgroups.Lookup(inst.rec.Cgroup).Remove(); err != nil {
 		p.log.Warn("removing a VM's cgroup", "group", inst.rec.Cgroup, "err", err)
 	}
+}
+
+// groupDirs are the recorded directories of r's group that are one: under the cgroup
+// mount and named as the group. A record is the daemon's own file, but an rmdir
+// elsewhere is never what it means.
+func groupDirs(r record) []string {
+	var out []string
+	for _, d := range r.CgroupDirs {
+		if filepath.IsAbs(d) && filepath.Clean(d) == d && strings.HasPrefix(d, "/sys/fs/cgroup/") && filepath.Base(d) == r.Cgroup {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // update changes inst's record under the lock and writes it.

@@ -31,3 +31,24 @@ func TestVMGroup(t *testing.T) {
 		t.Errorf("VMGroup: %q and %q", a, b)
 	}
 }
+
+// Only a recorded directory that is the group under the cgroup mount is removed.
+func TestGroupDirs(t *testing.T) {
+	const g = "vm-0123abcd-ci-x"
+	for _, tc := range []struct {
+		dirs []string
+		want int
+	}{
+		{[]string{"/sys/fs/cgroup/memory/socialweb/" + g, "/sys/fs/cgroup/pids/socialweb/" + g}, 2},
+		{[]string{"/sys/fs/cgroup/socialweb/" + g}, 1},
+		{[]string{"/etc/" + g}, 0},
+		{[]string{"/sys/fs/cgroup/../../etc/" + g}, 0},
+		{[]string{"sys/fs/cgroup/memory/socialweb/" + g}, 0},
+		{[]string{"/sys/fs/cgroup/memory/socialweb/other"}, 0},
+		{nil, 0},
+	} {
+		if got := groupDirs(record{Cgroup: g, CgroupDirs: tc.dirs}); len(got) != tc.want {
+			t.Errorf("groupDirs(%v) = %v, want %d of them", tc.dirs, got, tc.want)
+		}
+	}
+}

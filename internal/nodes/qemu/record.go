@@ -74,6 +74,9 @@ type record struct {
 	// Cgroup is the group qemu runs in (Config.Cgroups); "" for none. Kept here, not
 	// derived from the directory: a claimed pool VM changes directory, not group.
 	Cgroup string `json:"cgroup,omitempty"`
+	// CgroupDirs are that group's directories (one per controller on cgroup v1), so
+	// that `socialweb down`, which knows no --cgroup-parent, removes them too.
+	CgroupDirs []string `json:"cgroupDirs,omitempty"`
 }
 
 // since is when the node was given to its cluster: its claim, or its boot.
