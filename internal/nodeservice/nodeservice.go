@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"reflect"
 	"sync"
 	"time"
 
@@ -73,6 +74,13 @@ type Host struct {
 type running struct {
 	cancel context.CancelFunc
 	done   chan struct{}
+	// The scale driver runs apart from the other services so that an edit of the
+	// Cluster's scaling fields replaces it alone (driverFor).
+	ctx         context.Context
+	driverCfg   scaledriver.Config
+	driverStop  context.CancelFunc
+	driverDone  chan struct{}
+	replacement bool // a Start is replacing the driver
 }
 
 // New returns a Host. provider may be nil: clusters then stay at zero nodes
@@ -85,18 +93,9 @@ func New(provider nodes.NodeProvider, joiners *Joiners, registry func(cluster st
 	return &Host{provider: provider, joiners: joiners, registry: registry, status: status, metrics: metrics, log: log, clusters: map[string]*running{}}
 }
 
-// Start runs the cluster's node services until Stop or ctx ends; starting a
-// running cluster is a no-op.
-func (h *Host) Start(ctx context.Context, c Cluster) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if _, ok := h.clusters[c.Name]; ok {
-		return nil
-	}
-	if h.provider == nil {
-		return errors.New("no node provider: build a node image with `socialweb image build` and restart serve; the cluster stays at zero nodes")
-	}
-	drv, err := scaledriver.New(scaledriver.Config{
+// driverConfig is the scale driver's configuration for c.
+func (h *Host) driverConfig(c Cluster) scaledriver.Config {
+	return scaledriver.Config{
 		Cluster: c.Name, NodeSize: c.NodeSize, MaxNodeSize: c.MaxNodeSize, MaxNodes: c.MaxNodes, Hold: c.Hold, BootTimeout: h.BootTimeout,
 		FreshNodePerJob: c.FreshNodePerJob, IdleNodes: c.IdleNodes, IdleSchedule: c.IdleSchedule,
 		// Nodes run socialweb's node image: the decision models their allocatable by it.
@@ -104,15 +103,50 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 		// A registered node still starting (kubelet, CNI) counts as coming capacity as long
 		// as a boot may take: not removed as idle while Pods wait for it.
 		NotReadyGrace: h.BootTimeout,
-	}, scaledriver.Deps{
+	}
+}
+
+// startDriver runs a scale driver of cfg for c under r's context. Under h.mu.
+func (h *Host) startDriver(r *running, c Cluster, cfg scaledriver.Config) error {
+	drv, err := scaledriver.New(cfg, scaledriver.Deps{
 		Tenant: c.Tenant, Provider: clusterScoped{h.provider, c.Name}, Status: h.status, Metrics: h.metrics,
 		Logger: h.log.With("cluster", c.Name, "component", "scaledriver"),
 	})
 	if err != nil {
 		return fmt.Errorf("scale driver for %s: %w", c.Name, err)
 	}
+	ctx, stop := context.WithCancel(r.ctx)
+	done := make(chan struct{})
+	r.driverCfg, r.driverStop, r.driverDone = cfg, stop, done
+	go func() {
+		defer close(done)
+		if err := drv.Run(ctx); err != nil && ctx.Err() == nil {
+			h.log.Error("scale driver stopped", "cluster", c.Name, "err", err)
+		}
+	}()
+	return nil
+}
+
+// Start runs the cluster's node services until Stop or ctx ends. Starting a running
+// cluster changes nothing, unless the Cluster's scaling fields (sizes, max nodes, hold,
+// idle nodes and their schedule, a fresh node per job) changed: then its scale driver
+// alone is replaced by one that reads them, and its machines are kept.
+func (h *Host) Start(ctx context.Context, c Cluster) error {
+	h.mu.Lock()
+	if r, ok := h.clusters[c.Name]; ok {
+		defer h.mu.Unlock()
+		return h.driverFor(r, c)
+	}
+	defer h.mu.Unlock()
+	if h.provider == nil {
+		return errors.New("no node provider: build a node image with `socialweb image build` and restart serve; the cluster stays at zero nodes")
+	}
 	ctx, cancel := context.WithCancel(ctx)
-	r := &running{cancel: cancel, done: make(chan struct{})}
+	r := &running{cancel: cancel, done: make(chan struct{}), ctx: ctx}
+	if err := h.startDriver(r, c, h.driverConfig(c)); err != nil {
+		cancel()
+		return err
+	}
 	h.clusters[c.Name] = r
 	h.joiners.Register(c.Name, c.Minter)
 	var wg sync.WaitGroup
@@ -133,13 +167,7 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); h.serveDNS(ctx, c.Name, c.DNSAddr) }()
 	}
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		if err := drv.Run(ctx); err != nil {
-			h.log.Error("scale driver stopped", "cluster", c.Name, "err", err)
-		}
-	}()
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		if err := ccm.Run(ctx, c.Tenant, &ccm.Cloud{Cluster: c.Name, Machines: h}, ccm.Options{Log: h.log.With("component", "ccm")}); err != nil {
@@ -166,9 +194,46 @@ func (h *Host) Start(ctx context.Context, c Cluster) error {
 			}
 		}()
 	}
-	go func() { wg.Wait(); close(r.done) }()
+	go func() {
+		wg.Wait()
+		// The driver last: a replacement may be starting one (driverFor).
+		h.mu.Lock()
+		for r.replacement {
+			h.mu.Unlock()
+			time.Sleep(10 * time.Millisecond)
+			h.mu.Lock()
+		}
+		done := r.driverDone
+		h.mu.Unlock()
+		<-done
+		close(r.done)
+	}()
 	h.log.Info("node services started", "cluster", c.Name)
 	return nil
+}
+
+// driverFor replaces r's scale driver if c's configuration differs from the one it
+// runs: the old one is stopped (its pass in flight ends first) before the new one
+// starts, so two never decide at once. Called and returns under h.mu, which it lets go
+// while the old driver stops.
+func (h *Host) driverFor(r *running, c Cluster) error {
+	cfg := h.driverConfig(c)
+	if reflect.DeepEqual(cfg, r.driverCfg) || r.replacement || r.ctx.Err() != nil {
+		return nil
+	}
+	r.replacement = true
+	stop, done := r.driverStop, r.driverDone
+	h.mu.Unlock()
+	stop()
+	<-done
+	h.mu.Lock()
+	r.replacement = false
+	if h.clusters[c.Name] != r || r.ctx.Err() != nil {
+		return nil // stopped meanwhile
+	}
+	h.log.Info("the Cluster's scaling changed: scale driver replaced", "cluster", c.Name,
+		"maxNodes", cfg.MaxNodes, "hold", cfg.Hold, "idleNodes", cfg.IdleNodes, "idleSchedule", cfg.IdleSchedule, "freshNodePerJob", cfg.FreshNodePerJob)
+	return h.startDriver(r, c, cfg)
 }
 
 // serveHTTP serves handler (what names it in the log) on a cluster's gateway address;

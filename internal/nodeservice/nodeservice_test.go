@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 
@@ -258,4 +259,51 @@ func TestHostStartsAClusterWithABadIdleSchedule(t *testing.T) {
 	livetest.Eventually(t, 10*time.Second, 50*time.Millisecond, "a node for the pending pod", func() bool {
 		return prov.Count(fake.OpCreate) == 1
 	})
+}
+
+// An edit of a running cluster's scaling (here maxNodes 1 to 2) replaces its scale
+// driver: the next Start with the new values, as the provider makes on every pass,
+// lets the second Pod have its node; the same values again change nothing.
+func TestStartAppliesAScalingEdit(t *testing.T) {
+	tenant := kubefake.NewSimpleClientset()
+	prov := fake.New(fake.WithTenant(tenant))
+	h := New(prov, &Joiners{}, nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	plan, _ := nodenet.ForIndex(7)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := Cluster{
+		Name: "ci", Tenant: tenant, NodeSize: scale.NodeSize{CPUs: 1, MemoryMiB: 1024, MaxPods: 110}, MaxNodes: 1, Hold: time.Minute,
+		Minter: join.Minter{Tenant: tenant, APIServer: "https://10.250.7.1:7500", CACert: []byte("PEM"), ClientCA: []byte("CLIENT PEM"), Plan: plan},
+	}
+	if err := h.Start(ctx, c); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	defer h.Stop("ci")
+	for _, name := range []string{"job-a", "job-b"} { // 600m each: one per 1-vCPU node
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "c", Image: "busybox", Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("600m")}}}}}}
+		if _, err := tenant.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	livetest.Eventually(t, 10*time.Second, 20*time.Millisecond, "one node, as maxNodes 1 allows", func() bool {
+		return prov.Count(fake.OpCreate) == 1
+	})
+	time.Sleep(300 * time.Millisecond) // passes go on; still one
+	if n := prov.Count(fake.OpCreate); n != 1 {
+		t.Fatalf("%d nodes under maxNodes 1", n)
+	}
+	if err := h.Start(ctx, c); err != nil { // the same values: nothing to do
+		t.Fatalf("Start again: %v", err)
+	}
+	c.MaxNodes = 2
+	if err := h.Start(ctx, c); err != nil {
+		t.Fatalf("Start with maxNodes 2: %v", err)
+	}
+	livetest.Eventually(t, 10*time.Second, 20*time.Millisecond, "a second node once maxNodes is 2", func() bool {
+		return prov.Count(fake.OpCreate) == 2
+	})
+	if n := prov.Count(fake.OpDelete); n != 0 {
+		t.Errorf("replacing the driver deleted %d machines, want none", n)
+	}
 }

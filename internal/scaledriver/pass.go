@@ -482,8 +482,7 @@ func (d *Driver) reportSchedule(ctx context.Context) {
 	case d.badSchedule != nil:
 		ok, reason = false, v1.ReasonBadIdleSchedule
 		msg = fmt.Sprintf("no idle nodes are kept: spec.idleSchedule does not parse: %v. Fix spec.idleSchedule (or empty it for "+
-			"always); the scale driver reads it when the cluster's node services start: at serve's start or the cluster's wake",
-			d.badSchedule)
+			"always): an edit of the Cluster's scaling fields replaces its scale driver within seconds", d.badSchedule)
 	case d.cfg.IdleSchedule != "":
 		msg = fmt.Sprintf("spec.idleSchedule %q parses: idleNodes (%d) are kept inside it", d.cfg.IdleSchedule, d.cfg.IdleNodes)
 	}
