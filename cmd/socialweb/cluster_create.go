@@ -90,7 +90,7 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 			}
 			c.Spec.Egress, c.Spec.EgressDeny = egress, egressDeny
 			if err := v1.ValidateEgress(c.Spec, func(f string) string {
-				return map[string]string{"egress": "--egress", "egressDeny": "--egress-deny"}[f]
+				return map[string]string{"egress": "--node-egress", "egressDeny": "--node-egress-deny"}[f]
 			}); err != nil {
 				return usageError{err}
 			}
@@ -148,8 +148,8 @@ func newClusterCreateCommand(g *globalOptions) *cobra.Command {
 	f.Int32Var(&cpWeight, "control-plane-cpu-weight", 0, "CPU share of the control plane against other tenants, 1-10000, 100 being an ordinary process (default: the daemon's --default-control-plane-cpu-weight)")
 	f.Int32Var(&idleNodes, "idle-nodes", 0, "joined, Ready nodes of the smallest size kept up with nothing on them, so a Pod starts without a boot; they count against --max-nodes and the host's capacity, and keep the cluster awake")
 	f.StringVar(&idleSched, "idle-schedule", "", `weekly window for --idle-nodes, e.g. "Mon-Fri 08:00-18:00 Europe/Berlin"; outside it they go after the hold (default: always)`)
-	f.StringVar(&egress, "egress", "", "where this cluster's nodes and Pods may send traffic, narrowing the daemon's --egress policy: host (the daemon's policy) or none (nothing forwarded, not even --egress-allow's ranges) (default: host)")
-	f.StringSliceVar(&egressDeny, "egress-deny", nil, "IPv4 CIDRs this cluster's nodes and Pods may not reach, on top of the daemon's --egress-deny, e.g. 192.168.10.0/24,203.0.113.7/32")
+	f.StringVar(&egress, "node-egress", "", "where this cluster's nodes and Pods may send traffic, narrowing the daemon's --egress policy: host (the daemon's policy) or none (nothing forwarded, not even --egress-allow's ranges) (default: host)")
+	f.StringSliceVar(&egressDeny, "node-egress-deny", nil, "IPv4 CIDRs this cluster's nodes and Pods may not reach, on top of the daemon's --egress-deny, e.g. 192.168.10.0/24,203.0.113.7/32")
 	f.BoolVar(&fresh, "fresh-node-per-job", false, "a node a CI job Pod ran on (GitLab Runner's) takes no other Pod and is removed as soon as the job ends, without the hold: one job per VM, never reused")
 	documentEnv(f)
 	return cmd

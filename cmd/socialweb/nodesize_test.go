@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 )
 
@@ -109,4 +112,40 @@ func TestWarmPoolFlags(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A flag's environment twin is read by every command that has the flag: two commands
+// may share a name only when it means the same thing to both (the state dir, the
+// management API), or an operator's SOCIALWEB_EGRESS for serve would set every
+// `cluster create`'s too.
+func TestEnvTwinsMeanOneThing(t *testing.T) {
+	// Names that mean the same to each command that has them, or that no operator sets
+	// for a host (a command's own file or name).
+	shared := map[string]bool{
+		"state-dir": true, "help": true, "output": true, "timeout": true, "wait": true, "log-level": true, "log-format": true,
+		"cache-dir":        true, // the image cache, for image build and builder alike
+		"image-cache-size": true, // image gc collects to the daemon's budget
+		"shared-layers":    true, // image push unpacks where a serve --shared-layers reads
+		"config":           true, // controlplane's is always on its command line (serve writes it)
+		"out":              true, // where one command writes its file
+		"name":             true, // one command's new name
+	}
+	root := newRootCommand()
+	seen := map[string]string{} // flag name -> command path
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
+			if shared[f.Name] || f.Hidden {
+				return
+			}
+			if other, ok := seen[f.Name]; ok && other != c.CommandPath() {
+				t.Errorf("--%s is a flag of both %q and %q: its twin %s would set both", f.Name, other, c.CommandPath(), envName(f.Name))
+			}
+			seen[f.Name] = c.CommandPath()
+		})
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
 }

@@ -31,7 +31,7 @@ func TestClusterEgressNarrowing(t *testing.T) {
 	}
 	d := newDaemon(t, 1)
 	d.start()
-	d.mustCLI("cluster", "create", "narrow", "--wait", "--egress-deny", "198.51.100.0/24")
+	d.mustCLI("cluster", "create", "narrow", "--wait", "--node-egress-deny", "198.51.100.0/24")
 	var c v1.Cluster
 	if err := json.Unmarshal([]byte(d.mustCLI("cluster", "get", "narrow", "-o", "json")), &c); err != nil {
 		t.Fatal(err)
@@ -50,7 +50,7 @@ func TestClusterEgressNarrowing(t *testing.T) {
 	}
 	closed := `counter name "egress_denied" reject with icmpx admin-prohibited` + "\n\t\toifname"
 	if r := rules(); !strings.Contains(r, "198.51.100.0/24") || strings.Contains(r, closed) {
-		t.Fatalf("created with --egress-deny 198.51.100.0/24: want it in the deny set and the internet open:\n%s", r)
+		t.Fatalf("created with --node-egress-deny 198.51.100.0/24: want it in the deny set and the internet open:\n%s", r)
 	}
 	if !strings.Contains(d.mustCLI("cluster", "get", "narrow"), "also denied: 198.51.100.0/24") {
 		t.Errorf("cluster get does not show the cluster's egress deny")
