@@ -21,6 +21,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -185,7 +186,9 @@ func TestTwoClustersIsolatedAndSurviveRestarts(t *testing.T) {
 		t.Fatalf("beta's own credential: %v", err)
 	}
 
-	// A crashed control plane is restarted, and the phase says so meanwhile.
+	// A crashed control plane is restarted, and the Cluster says so. Its phase may stay
+	// Ready: the daemon holds the cluster's port, so a request (the daemon's probe too)
+	// made while it restarts waits for the new run rather than failing.
 	inst, err := os.ReadFile(filepath.Join(d.stateDir, "clusters", "alpha", "instance.json"))
 	if err != nil {
 		t.Fatalf("no instance record for alpha: %v", err)
@@ -195,11 +198,12 @@ func TestTwoClustersIsolatedAndSurviveRestarts(t *testing.T) {
 	if err := syscall.Kill(rec.PID, syscall.SIGKILL); err != nil {
 		t.Fatalf("killing alpha's control plane (pid %d): %v", rec.PID, err)
 	}
-	d.waitPhase("alpha", v1.PhaseUnavailable, 30*time.Second)
-	c := d.waitPhase("alpha", v1.PhaseReady, 2*time.Minute)
-	if c.Status.Restarts < 1 {
-		t.Errorf("restarts = %d after a crash", c.Status.Restarts)
-	}
+	livetest.Eventually(t, 30*time.Second, 250*time.Millisecond, "alpha's Cluster to count the crash", func() bool {
+		c := d.cluster("alpha")
+		running := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionRunning)
+		return c.Status.Restarts >= 1 && running != nil && strings.Contains(running.Message, "killed")
+	})
+	d.waitPhase("alpha", v1.PhaseReady, 2*time.Minute)
 	if !hasConfigMap(t, kA, "from-alpha") {
 		t.Error("alpha lost an object in a crash")
 	}
