@@ -9,19 +9,27 @@
 // cache restore, job script (go mod download) and cache save, from the containers'
 // start and finish times.
 //
-//	go run ./bench/depcache -bin bin/socialweb -image DIR [-goproxy URL]
+// With -goproxy host the modules come instead from a module proxy on the host (the
+// module cache's download directory, which is a GOPROXY, served over HTTP on a port the
+// daemon opens on the cluster's gateway): a proxy on the LAN rather than the internet.
+//
+//	go run ./bench/depcache -bin bin/socialweb -image DIR [-goproxy URL|host]
 package main
 
 import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -62,13 +70,22 @@ require (
 func main() {
 	bin := flag.String("bin", "bin/socialweb", "the socialweb binary")
 	image := flag.String("image", "", "node image directory (socialweb image build --ensure)")
-	goproxy := flag.String("goproxy", "https://proxy.golang.org", "GOPROXY of the job")
+	goproxy := flag.String("goproxy", "https://proxy.golang.org", "GOPROXY of the job, or host: a module proxy on the host")
 	flag.Parse()
 	if *image == "" {
 		log.Fatal("-image DIR is required: run `socialweb image build --ensure -o dir`")
 	}
 	ctx := context.Background()
-	d, err := benchd.Start(*bin, "180-189", "--node-image", *image, "--build-cache-budget", "4Gi")
+	serveArgs := []string{"--node-image", *image, "--build-cache-budget", "4Gi"}
+	proxyPort := 0
+	if *goproxy == "host" {
+		proxyPort = benchd.FreePort()
+		if err := hostProxy(ctx, proxyPort); err != nil {
+			log.Fatal(err)
+		}
+		serveArgs = append(serveArgs, "--gateway-tcp-allow", strconv.Itoa(proxyPort))
+	}
+	d, err := benchd.Start(*bin, "180-189", serveArgs...)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -104,6 +121,17 @@ func main() {
 	get, put, err := presign(ctx, filepath.Join(credDir, "config.template.toml"))
 	if err != nil {
 		fatalf("presigning the cache URLs: %v", err)
+	}
+	if proxyPort != 0 {
+		out, err := cli("cluster", "get", "deps", "-o", "json")
+		if err != nil {
+			fatalf("%v: %s", err, out)
+		}
+		var c struct{ Status struct{ Gateway string } }
+		if err := json.Unmarshal([]byte(out), &c); err != nil || c.Status.Gateway == "" {
+			fatalf("the cluster's gateway: %v", err)
+		}
+		*goproxy = fmt.Sprintf("http://%s:%d", c.Status.Gateway, proxyPort)
 	}
 	kc, err := cli("cluster", "kubeconfig", "deps")
 	if err != nil {
@@ -293,4 +321,29 @@ func jobImageTar(ctx context.Context, dir string) (string, error) {
 		return "", err
 	}
 	return out, nil
+}
+
+// hostProxy downloads the job's modules on the host and serves the module cache's
+// download directory (a GOPROXY layout) on port, on every address: the daemon's
+// --gateway-tcp-allow opens it to the cluster's nodes on their gateway alone.
+func hostProxy(ctx context.Context, port int) error {
+	dir, err := os.MkdirTemp("", "depcache-proxy-")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte(goMod), 0o644); err != nil {
+		return err
+	}
+	dl := exec.CommandContext(ctx, "go", "mod", "download")
+	dl.Dir = dir
+	dl.Env = append(os.Environ(), "GOMODCACHE="+filepath.Join(dir, "mod"), "GOFLAGS=-modcacherw", "GOSUMDB=off")
+	if out, err := dl.CombinedOutput(); err != nil {
+		return fmt.Errorf("downloading the job's modules on the host: %v\n%s", err, out)
+	}
+	l, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
+	if err != nil {
+		return err
+	}
+	go http.Serve(l, http.FileServer(http.Dir(filepath.Join(dir, "mod", "cache", "download"))))
+	return nil
 }
