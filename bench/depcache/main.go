@@ -35,6 +35,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
@@ -49,6 +50,7 @@ import (
 
 	"github.com/socialweb-computer/socialweb/bench/internal/benchd"
 	"github.com/socialweb-computer/socialweb/internal/images"
+	"github.com/socialweb-computer/socialweb/internal/scale"
 )
 
 // jobImage is the builder image (Debian, Go, tar) with cachetool added.
@@ -210,7 +212,9 @@ func jobPod(name, get, put, goproxy string) *corev1.Pod {
 			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("600m")}}}
 	}
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		// Labelled as a CI job (GitLab Runner's own Pods are known by theirs): with
+		// --fresh-node-per-job its node takes nothing after it.
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{scale.LabelCIJob: "true"}},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			TerminationGracePeriodSeconds: &grace,
@@ -304,11 +308,27 @@ func jobImageTar(ctx context.Context, dir string) (string, error) {
 	if err := tw.Close(); err != nil {
 		return "", err
 	}
-	base, err := tarball.ImageFromPath(builderTar, nil)
-	if err != nil {
-		return "", fmt.Errorf("reading %s: %w", builderTar, err)
+	// The builder is an OCI image layout in a tar: unpacked, it is a layout to read.
+	layoutDir := filepath.Join(dir, "builder-layout")
+	if err := os.MkdirAll(layoutDir, 0o700); err != nil {
+		return "", err
 	}
-	im, err := mutate.AppendLayers(base, static.NewLayer(buf.Bytes(), types.OCIUncompressedLayer))
+	if out, err := exec.CommandContext(ctx, "tar", "-xf", builderTar, "-C", layoutDir).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("unpacking %s: %v\n%s", builderTar, err, out)
+	}
+	idx, err := layout.ImageIndexFromPath(layoutDir)
+	if err != nil {
+		return "", fmt.Errorf("reading the builder layout: %w", err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil || len(im.Manifests) == 0 {
+		return "", fmt.Errorf("the builder layout has no image: %v", err)
+	}
+	base, err := idx.Image(im.Manifests[0].Digest)
+	if err != nil {
+		return "", fmt.Errorf("reading the builder image: %w", err)
+	}
+	job, err := mutate.AppendLayers(base, static.NewLayer(buf.Bytes(), types.OCIUncompressedLayer))
 	if err != nil {
 		return "", err
 	}
@@ -317,7 +337,7 @@ func jobImageTar(ctx context.Context, dir string) (string, error) {
 		return "", err
 	}
 	out := filepath.Join(dir, "job.tar")
-	if err := tarball.WriteToFile(out, ref, im); err != nil {
+	if err := tarball.WriteToFile(out, ref, job); err != nil {
 		return "", err
 	}
 	return out, nil
