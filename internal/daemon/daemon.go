@@ -475,6 +475,13 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		return err
 	}
 	defer stopRecord()
+	cgroupParent := ""
+	if v.cgroups != nil {
+		cgroupParent = v.CgroupParent
+	}
+	if err := recordCgroups(v.StateDir, "/sys/fs/cgroup", cgroupParent); err != nil {
+		return fmt.Errorf("recording the cgroup parent: %w", err)
+	}
 	// The build the control planes run: one an earlier daemon left running on
 	// this build is adopted, and one on another is upgraded.
 	digest, _, err := nodeimage.SHA256File(v.Executable)
@@ -495,6 +502,9 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		}
 		log.Info("stopping every control plane")
 		sup.StopAll(10 * time.Second)
+		if err := removeControlPlaneGroups(v.cgroups, v.StateDir); err != nil {
+			log.Warn("control-plane cgroups not removed", "err", err)
+		}
 		log.Info("stopped")
 	}()
 

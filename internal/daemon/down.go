@@ -56,6 +56,14 @@ func Down(ctx context.Context, stateDir string, nets *nodenet.Manager, log *slog
 		}
 	}
 
+	// Their groups go with them (socialweb down knows no --cgroup-parent: serve
+	// recorded it).
+	if h, err := openRecordedCgroups(stateDir); err != nil {
+		errs = append(errs, fmt.Errorf("finding the control planes' cgroups: %w", err))
+	} else if err := removeControlPlaneGroups(h, stateDir); err != nil {
+		errs = append(errs, err)
+	}
+
 	stopped, err := qemu.StopAll(ctx, filepath.Join(stateDir, "nodes"), nets, log)
 	rep.Nodes = stopped
 	if err != nil {
