@@ -17,8 +17,6 @@
 package main
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -291,21 +289,8 @@ func jobImageTar(ctx context.Context, dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, h := range []*tar.Header{
-		{Name: "usr/local/", Mode: 0o755, Typeflag: tar.TypeDir, ModTime: time.Unix(0, 0)},
-		{Name: "usr/local/bin/", Mode: 0o755, Typeflag: tar.TypeDir, ModTime: time.Unix(0, 0)},
-		{Name: "usr/local/bin/cachetool", Mode: 0o755, Size: int64(len(data)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)},
-	} {
-		if err := tw.WriteHeader(h); err != nil {
-			return "", err
-		}
-	}
-	if _, err := tw.Write(data); err != nil {
-		return "", err
-	}
-	if err := tw.Close(); err != nil {
+	layer, err := images.ToolLayer("cachetool", data)
+	if err != nil {
 		return "", err
 	}
 	// The builder is an OCI image layout in a tar: unpacked, it is a layout to read.
@@ -328,7 +313,7 @@ func jobImageTar(ctx context.Context, dir string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("reading the builder image: %w", err)
 	}
-	job, err := mutate.AppendLayers(base, static.NewLayer(buf.Bytes(), types.OCIUncompressedLayer))
+	job, err := mutate.AppendLayers(base, static.NewLayer(layer, types.OCIUncompressedLayer))
 	if err != nil {
 		return "", err
 	}

@@ -629,3 +629,31 @@ func TestContainerdRun(t *testing.T) {
 	}
 	c.Run("containers", "delete", "sw-pause")
 }
+
+func TestToolLayer(t *testing.T) {
+	layer, err := ToolLayer("cachetool", []byte("#!ELF"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(bytes.NewReader(layer))
+	var got []string
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%s %o", h.Name, h.Mode))
+		if h.Name == "usr/local/bin/cachetool" {
+			b, _ := io.ReadAll(tr)
+			if string(b) != "#!ELF" {
+				t.Errorf("the program's bytes are %q", b)
+			}
+		}
+	}
+	if want := "usr/local/ 755,usr/local/bin/ 755,usr/local/bin/cachetool 755"; strings.Join(got, ",") != want {
+		t.Errorf("layer entries %v, want %s", got, want)
+	}
+}

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -30,6 +29,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/socialweb-computer/socialweb/internal/images"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 )
 
@@ -280,20 +280,11 @@ func pushCacheTool(t *testing.T, ctx context.Context, d *daemon) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, h := range []*tar.Header{
-		{Name: "usr/local/", Mode: 0o755, Typeflag: tar.TypeDir, ModTime: time.Unix(0, 0)},
-		{Name: "usr/local/bin/", Mode: 0o755, Typeflag: tar.TypeDir, ModTime: time.Unix(0, 0)},
-		{Name: "usr/local/bin/cachetool", Mode: 0o755, Size: int64(len(data)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)},
-	} {
-		if err := tw.WriteHeader(h); err != nil {
-			t.Fatal(err)
-		}
+	layer, err := images.ToolLayer("cachetool", data)
+	if err != nil {
+		t.Fatal(err)
 	}
-	tw.Write(data)
-	tw.Close()
-	im, err := mutate.AppendLayers(busyboxImage(t, ctx), static.NewLayer(buf.Bytes(), types.OCIUncompressedLayer))
+	im, err := mutate.AppendLayers(busyboxImage(t, ctx), static.NewLayer(layer, types.OCIUncompressedLayer))
 	if err != nil {
 		t.Fatal(err)
 	}
