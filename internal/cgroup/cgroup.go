@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // Limits of one group. A zero field sets no limit (the kernel's default).
@@ -244,9 +246,22 @@ func (g *Group) Dirs() []string { return append([]string(nil), g.dirs...) }
 func (g *Group) Remove() error {
 	var errs []error
 	for _, d := range g.dirs {
-		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("removing cgroup %s: %w", d, err))
-		}
+		errs = append(errs, RemoveDir(d))
 	}
 	return errors.Join(errs...)
+}
+
+// RemoveDir removes one group directory. A process killed a moment ago (or a child
+// that dies with its parent, as virtiofsd's sandbox does) leaves its group a little
+// after it is gone: a busy group is tried again for a few seconds. A missing one is not
+// an error.
+func RemoveDir(d string) error {
+	err := os.Remove(d)
+	for end := time.Now().Add(3 * time.Second); errors.Is(err, syscall.EBUSY) && time.Now().Before(end); err = os.Remove(d) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing cgroup %s: %w", d, err)
+	}
+	return nil
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
-	"time"
 
 	"github.com/socialweb-computer/socialweb/internal/cgroup"
 	"github.com/socialweb-computer/socialweb/internal/provider"
@@ -70,13 +68,7 @@ func removeControlPlaneGroups(h *cgroup.Hierarchy, stateDir string) error {
 		if !d.IsDir() {
 			continue
 		}
-		g := h.Lookup(provider.CgroupName(stateDir, d.Name()))
-		// A process just killed leaves its group a moment after it dies.
-		err := g.Remove()
-		for end := time.Now().Add(3 * time.Second); errors.Is(err, syscall.EBUSY) && time.Now().Before(end); err = g.Remove() {
-			time.Sleep(50 * time.Millisecond)
-		}
-		errs = append(errs, err)
+		errs = append(errs, h.Lookup(provider.CgroupName(stateDir, d.Name())).Remove())
 	}
 	return errors.Join(errs...)
 }

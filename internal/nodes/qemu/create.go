@@ -512,15 +512,7 @@ func (p *Provider) unjail(inst *instance) {
 	}
 	if dirs := groupDirs(inst.rec); len(dirs) > 0 {
 		for _, d := range dirs {
-			// virtiofsd's sandboxed child dies with its parent, a moment after it:
-			// until then the group is busy.
-			var err error
-			for end := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-				if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) || !errors.Is(err, syscall.EBUSY) || time.Now().After(end) {
-					break
-				}
-			}
-			if err != nil && !errors.Is(err, os.ErrNotExist) {
+			if err := cgroup.RemoveDir(d); err != nil {
 				p.log.Warn("removing a VM's cgroup", "dir", d, "err", err)
 			}
 		}
