@@ -17,6 +17,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/frontdoor"
 	"github.com/socialweb-computer/socialweb/internal/layershare"
 	"github.com/socialweb-computer/socialweb/internal/logrotate"
+	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
 	"github.com/socialweb-computer/socialweb/internal/nodeservice"
 	"github.com/socialweb-computer/socialweb/internal/registry"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
@@ -128,6 +129,7 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.DurationVar(&o.NodeBootTimeout, "node-boot-timeout", 5*time.Minute, "how long a node VM may take to register its Node before it is reported on the Cluster and deleted; a registered node not yet Ready counts as capacity for as long")
 	f.StringVar(&o.Accel, "accel", "auto", "node accelerator: auto (KVM if a guest of the node image boots under it, checked once per host boot, else TCG), kvm (refused at start where no guest boots under it) or tcg")
 	f.Int64Var(&o.TCGCacheMiB, "tcg-cache-mib", 1024, "TCG translation cache of each node VM in MiB (qemu's tb-size), 32-1024; most of a TCG VMM's own memory is this cache, and a node's start needs about 600 MiB of it (less and qemu flushes it mid-start, throwing away what a warm-pool VM translated beforehand); 0 is qemu's default, 1024")
+	f.IntVar(&o.VMUIDBase, "vm-uid-base", qemu.DefaultVMUIDBase, "first of the users (and groups) node VMs' qemu processes run as, one per VM, up to 65536 of them: qemu opens its disks, tap and accelerator as root, then drops to its own user, so an escape from a guest owns nothing else on the host; no passwd entry is needed; keep the range clear of the host's users; 0 keeps qemu root")
 	f.BoolVar(&o.TCGGuestASLR, "tcg-guest-aslr", false, "keep address space randomization in TCG node VMs; false boots them with norandmaps, because qemu's TCG keys what it translated by guest virtual address and randomized maps make every process translate its libraries again (about 0.5-1.5 s of a warm start's vCPU, docs/benchmarks.md); unused under KVM, where guests keep ASLR")
 	f.BoolVar(&o.SharedLayers, "shared-layers", true, "unpack every image layer of the host registry once, on the host (<state-dir>/layers), and give each node VM those layers read-only through virtio-fs (tag "+layershare.Tag+", one virtiofsd per VM); false: nodes pull and unpack every layer themselves")
 	f.IntVar(&o.WarmPool, "warm-pool", 0, "node VMs kept booted for no cluster, 0-16: a node of the default size (--default-node-cpus, --default-node-memory, --default-node-disk) is then taken from this pool, already booted, instead of booting; each holds its memory all the time and waits at nice 10, below nodes; 0 keeps none")

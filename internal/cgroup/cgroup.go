@@ -25,7 +25,13 @@ type Limits struct {
 	// CPUWeight is cpu.weight (v2), 1 to 10000, 100 being an ordinary process's
 	// share; v1 gets cpu.shares = weight * 1024 / 100.
 	CPUWeight int64
+	// CPUMaxMilli caps the group at this many thousandths of a core, however idle the
+	// host (cpu.max on v2, cpu.cfs_quota_us on v1); 0 is no cap.
+	CPUMaxMilli int64
 }
+
+// cpuPeriodMicros is the period CPUMaxMilli's quota is counted over (the kernel's default).
+const cpuPeriodMicros = 100000
 
 // Validate says what is wrong with l, naming each field as a flag would.
 func (l Limits) Validate() error {
@@ -38,6 +44,9 @@ func (l Limits) Validate() error {
 	}
 	if l.CPUWeight < 0 || l.CPUWeight > 10000 {
 		problems = append(problems, fmt.Sprintf("cpu weight %d: want 1 to 10000 (100 is an ordinary process), or 0 for the default", l.CPUWeight))
+	}
+	if l.CPUMaxMilli < 0 || (l.CPUMaxMilli > 0 && l.CPUMaxMilli < 10) {
+		problems = append(problems, fmt.Sprintf("cpu max %d millicores: want 0 (no cap) or at least 10", l.CPUMaxMilli))
 	}
 	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
@@ -171,9 +180,14 @@ func (g *Group) limitFiles(l Limits) map[string]string {
 	if weight == 0 {
 		weight = 100
 	}
+	quota := "max" // v2's "no cap"; v1's is -1
+	if l.CPUMaxMilli > 0 {
+		quota = strconv.FormatInt(l.CPUMaxMilli*cpuPeriodMicros/1000, 10)
+	}
 	if g.v2 {
 		d := g.dirs[0]
 		return map[string]string{
+			filepath.Join(d, "cpu.max"):    quota + " " + strconv.Itoa(cpuPeriodMicros),
 			filepath.Join(d, "memory.max"): mem,
 			// No swap: a tenant past its memory is killed, not paged out slowly.
 			filepath.Join(d, "memory.swap.max"): "0",
@@ -184,10 +198,15 @@ func (g *Group) limitFiles(l Limits) map[string]string {
 	if mem == "max" {
 		mem = "-1"
 	}
+	if quota == "max" {
+		quota = "-1"
+	}
 	return map[string]string{
 		filepath.Join(g.dirs[0], "memory.limit_in_bytes"): mem,
 		filepath.Join(g.dirs[1], "pids.max"):              pids,
 		filepath.Join(g.dirs[2], "cpu.shares"):            strconv.FormatInt(max(2, weight*1024/100), 10),
+		filepath.Join(g.dirs[2], "cpu.cfs_period_us"):     strconv.Itoa(cpuPeriodMicros),
+		filepath.Join(g.dirs[2], "cpu.cfs_quota_us"):      quota,
 	}
 }
 

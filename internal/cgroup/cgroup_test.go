@@ -26,6 +26,8 @@ func TestLimitsValidate(t *testing.T) {
 		{"negative memory", Limits{MemoryMax: -1}, "memory -1"},
 		{"too few pids", Limits{PIDsMax: 3}, "at least 16"},
 		{"weight too high", Limits{CPUWeight: 10001}, "1 to 10000"},
+		{"cpu cap too small", Limits{CPUMaxMilli: 5}, "at least 10"},
+		{"negative cpu cap", Limits{CPUMaxMilli: -1}, "at least 10"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.l.Validate()
@@ -64,21 +66,23 @@ func TestEnsureWritesTheLimits(t *testing.T) {
 		l     Limits
 		files map[string]string
 	}{
-		{"v2", true, Limits{MemoryMax: 1 << 30, PIDsMax: 2048, CPUWeight: 50}, map[string]string{
+		{"v2", true, Limits{MemoryMax: 1 << 30, PIDsMax: 2048, CPUWeight: 50, CPUMaxMilli: 1500}, map[string]string{
 			"socialweb/t-a/memory.max": "1073741824", "socialweb/t-a/memory.swap.max": "0",
-			"socialweb/t-a/pids.max": "2048", "socialweb/t-a/cpu.weight": "50",
+			"socialweb/t-a/pids.max": "2048", "socialweb/t-a/cpu.weight": "50", "socialweb/t-a/cpu.max": "150000 100000",
 			"cgroup.subtree_control": "+memory +pids +cpu", "socialweb/cgroup.subtree_control": "+memory +pids +cpu",
 		}},
 		{"v2 without limits", true, Limits{}, map[string]string{
 			"socialweb/t-a/memory.max": "max", "socialweb/t-a/pids.max": "max", "socialweb/t-a/cpu.weight": "100",
+			"socialweb/t-a/cpu.max": "max 100000",
 		}},
-		{"v1", false, Limits{MemoryMax: 1 << 30, PIDsMax: 2048, CPUWeight: 50}, map[string]string{
+		{"v1", false, Limits{MemoryMax: 1 << 30, PIDsMax: 2048, CPUWeight: 50, CPUMaxMilli: 250}, map[string]string{
 			"memory/socialweb/t-a/memory.limit_in_bytes": "1073741824", "pids/socialweb/t-a/pids.max": "2048",
-			"cpu/socialweb/t-a/cpu.shares": "512",
+			"cpu/socialweb/t-a/cpu.shares": "512", "cpu/socialweb/t-a/cpu.cfs_quota_us": "25000",
+			"cpu/socialweb/t-a/cpu.cfs_period_us": "100000",
 		}},
 		{"v1 without limits", false, Limits{}, map[string]string{
 			"memory/socialweb/t-a/memory.limit_in_bytes": "-1", "pids/socialweb/t-a/pids.max": "max",
-			"cpu/socialweb/t-a/cpu.shares": "1024",
+			"cpu/socialweb/t-a/cpu.shares": "1024", "cpu/socialweb/t-a/cpu.cfs_quota_us": "-1",
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -109,6 +109,9 @@ type Options struct {
 	// TCGGuestASLR keeps address space randomization in TCG node VMs, which otherwise
 	// boot with norandmaps so that TCG reuses what it translated (qemu.Config).
 	TCGGuestASLR bool
+	// VMUIDBase runs each node VM's qemu as a user and group of its own from this id
+	// up (qemu.Config.VMUIDBase); 0 keeps qemu root.
+	VMUIDBase int
 	// SharedLayers unpacks every image layer of the host registry once, on the host, and
 	// gives each node VM the unpacked layers read-only through virtio-fs; false leaves
 	// nodes pulling and unpacking every layer themselves.
@@ -380,6 +383,9 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	if err := qemu.ValidateTCGCache(o.TCGCacheMiB); err != nil {
 		return v, fmt.Errorf("--tcg-cache-mib: %w", err)
 	}
+	if err := qemu.ValidateUIDBase(o.VMUIDBase); err != nil {
+		return v, fmt.Errorf("--vm-uid-base: %w", err)
+	}
 	if err := validateWarmPool(o); err != nil {
 		return v, err
 	}
@@ -557,7 +563,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		reg.MustRegister(door.Collector())
 	}
 	nodeServices, err := nodeservice.Start(ctx,
-		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, TCGGuestASLR: v.TCGGuestASLR, BootTimeout: v.NodeBootTimeout,
+		nodeservice.Config{StateDir: v.StateDir, NodeImage: v.NodeImage, Verdict: v.verdict, TCGCacheMiB: v.TCGCacheMiB, TCGGuestASLR: v.TCGGuestASLR, VMUIDBase: v.VMUIDBase, BootTimeout: v.NodeBootTimeout,
 			SharedLayers: v.SharedLayers, Executable: v.Executable, WarmPool: v.WarmPool, WarmPoolShape: warmPoolShape(v.Defaults),
 			WarmPoolPrewarm: v.WarmPoolPrewarm, WarmPoolRefillDelay: v.WarmPoolRefillDelay, Upstream: v.upstream,
 			ImageCacheSize: v.ImageCacheSize, ClusterQuota: v.ImageClusterQuota, Cgroups: v.cgroups, BuildCache: cache,

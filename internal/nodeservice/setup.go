@@ -44,6 +44,8 @@ type Config struct {
 	TCGCacheMiB int64
 	// TCGGuestASLR keeps ASLR in TCG guests (qemu.Config.TCGGuestASLR).
 	TCGGuestASLR bool
+	// VMUIDBase gives each VM's qemu a user of its own (qemu.Config.VMUIDBase).
+	VMUIDBase int
 	// BootTimeout is the Host's (0: the scale driver's defaults).
 	BootTimeout time.Duration
 	// SharedLayers prepares every registry image's layers under <StateDir>/layers and
@@ -123,7 +125,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 		}
 		layers = &layershare.Config{Dir: store.Dir(), Executable: cfg.Executable}
 	}
-	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(cfg.StateDir, "nodes"), ImageDir: cfg.NodeImage, Verdict: cfg.Verdict, TCGCacheMiB: cfg.TCGCacheMiB, TCGGuestASLR: cfg.TCGGuestASLR, Layers: layers,
+	qp, err := qemu.New(qemu.Config{StateDir: filepath.Join(cfg.StateDir, "nodes"), ImageDir: cfg.NodeImage, Verdict: cfg.Verdict, TCGCacheMiB: cfg.TCGCacheMiB, TCGGuestASLR: cfg.TCGGuestASLR, VMUIDBase: cfg.VMUIDBase, Layers: layers,
 		PoolSize: cfg.WarmPool, PoolShape: cfg.WarmPoolShape, PoolPrewarm: cfg.WarmPoolPrewarm, PoolRefillDelay: cfg.WarmPoolRefillDelay, Cgroups: cfg.Cgroups},
 		qemu.Deps{Networks: deps.Networks, Joiner: joiners, Plan: deps.Plan, Log: log.With("component", "qemu")})
 	if err != nil {

@@ -58,6 +58,66 @@ func vmMemoryLimit(procCgroup string) int64 {
 	return -1
 }
 
+// vmCPUCap reads the CPU quota (microseconds per 100 ms) of the VM group /proc/PID/cgroup
+// names (v1 or v2).
+func vmCPUCap(procCgroup string) string {
+	for _, l := range strings.Split(procCgroup, "\n") {
+		f := strings.SplitN(l, ":", 3)
+		if len(f) != 3 || !strings.Contains(f[2], "/vm-") {
+			continue
+		}
+		if b, err := os.ReadFile("/sys/fs/cgroup" + f[2] + "/cpu.max"); err == nil {
+			q, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+			return q
+		}
+		for _, c := range []string{"cpu", "cpu,cpuacct"} {
+			if b, err := os.ReadFile("/sys/fs/cgroup/" + c + f[2] + "/cpu.cfs_quota_us"); err == nil {
+				return strings.TrimSpace(string(b))
+			}
+		}
+	}
+	return ""
+}
+
+// vmCPUs is qemu pid's -smp.
+func vmCPUs(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := strings.Split(string(b), "\x00")
+	for i := range len(a) - 1 {
+		if a[i] == "-smp" {
+			if n, err := strconv.Atoi(a[i+1]); err == nil {
+				return n
+			}
+		}
+	}
+	t.Fatalf("qemu %d has no -smp N: %q", pid, a)
+	return 0
+}
+
+// vmUser is the one id a /proc/PID/status gives for every uid and gid (real, effective,
+// saved, filesystem); -1 when they differ.
+func vmUser(status string) int {
+	id := -1
+	for _, l := range strings.Split(status, "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok || (k != "Uid" && k != "Gid") {
+			continue
+		}
+		for _, f := range strings.Fields(v) {
+			n, err := strconv.Atoi(f)
+			if err != nil || (id != -1 && n != id) {
+				return -1
+			}
+			id = n
+		}
+	}
+	return id
+}
+
 // nodeImage builds (or reuses) the node image with `socialweb image build --ensure`, the
 // command the README's main job runs, and returns its directory.
 func nodeImage(t *testing.T) string {
@@ -171,6 +231,15 @@ func TestFourStepProof(t *testing.T) {
 				t.Errorf("step 4: qemu %d's status lacks %q (no -sandbox?):\n%s", pid, strings.TrimSpace(want), st)
 			}
 		}
+		// It drops to a user of its own (--vm-uid-base's default range) once its files
+		// are open: every id its status lists, and no capability left.
+		livetest.Eventually(t, 30*time.Second, 100*time.Millisecond, "qemu to run as the VM's own user", func() bool {
+			st, _ = os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+			return vmUser(string(st)) >= 2000100000
+		})
+		if !strings.Contains(string(st), "\nCapEff:\t0000000000000000\n") {
+			t.Errorf("step 4: qemu %d runs as its own user but keeps capabilities:\n%s", pid, st)
+		}
 		// And in a cgroup of its own, capped (where the host gives cgroups: the
 		// daemon's default parent serves without them, saying so, where it does not).
 		if _, err := os.Stat("/sys/fs/cgroup/memory/socialweb"); err == nil || cgroupV2Socialweb() {
@@ -179,6 +248,8 @@ func TestFourStepProof(t *testing.T) {
 				t.Errorf("step 4: qemu %d is in no VM cgroup of its own:\n%s", pid, cg)
 			} else if limit := vmMemoryLimit(string(cg)); limit <= 0 || limit > 8<<30 {
 				t.Errorf("step 4: qemu %d's cgroup memory limit is %d bytes; want a cap near the guest's memory", pid, limit)
+			} else if q, want := vmCPUCap(string(cg)), vmCPUs(t, pid)*100000+50000; q != strconv.Itoa(want) {
+				t.Errorf("step 4: qemu %d's cgroup CPU cap is %q µs per 100 ms, want %d (its vCPUs and half a core)", pid, q, want)
 			}
 			// Its virtiofsd (the shared layers) is held in the same group.
 			for _, v := range processesMentioning(d.stateDir) {

@@ -15,6 +15,12 @@ import (
 // script=no, disks and sockets are opened at start).
 const Sandbox = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 
+// SandboxRunAs is Sandbox for a qemu that drops to a user with -runas. qemu loads its
+// filter before it drops (and checks that setuid(0) then fails), so set*id must stay
+// allowed for the drop itself; once dropped the process holds no capability and every
+// id it has is the user's, so no set*id call can take it back to root.
+const SandboxRunAs = "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
+
 // launch is everything one qemu command line is made of.
 type launch struct {
 	Name         string
@@ -31,7 +37,10 @@ type launch struct {
 	Tap          string
 	MAC          string
 	Console      string // serial console file
-	QMP          string // QMP unix socket
+	// UID, if not 0, is the user (and group) qemu drops to once it has opened its disks,
+	// its tap, its sockets and the accelerator (-runas UID:UID).
+	UID int
+	QMP string // QMP unix socket
 	// LayersSocket is virtiofsd's vhost-user socket for the shared layer store; "" for
 	// no virtio-fs device.
 	LayersSocket string
@@ -70,7 +79,7 @@ func (l launch) args() []string {
 		// The guest is tenant code, and TCG is no security boundary (QEMU's security
 		// guide): a seccomp filter (and NoNewPrivs) so an escape into qemu cannot
 		// spawn programs, change its ids or its scheduling, or use obsolete calls.
-		"-sandbox", Sandbox,
+		"-sandbox", l.sandbox(),
 		"-serial", "file:"+l.Console,
 		"-qmp", "unix:"+l.QMP+",server=on,wait=off",
 		"-kernel", l.Kernel,
@@ -88,6 +97,9 @@ func (l launch) args() []string {
 			"-drive", "id=data,file="+l.DataDisk+",format=raw,if=none,discard=unmap,detect-zeroes=unmap",
 			"-device", "virtio-blk-device,drive=data,serial="+identity.DataDiskSerial,
 		)
+	}
+	if l.UID != 0 {
+		a = append(a, "-runas", strconv.Itoa(l.UID)+":"+strconv.Itoa(l.UID))
 	}
 	a = append(a,
 		"-netdev", "tap,id="+nicNetdev+",ifname="+l.Tap+",script=no,downscript=no",
@@ -107,6 +119,13 @@ func (l launch) args() []string {
 		)
 	}
 	return a
+}
+
+func (l launch) sandbox() string {
+	if l.UID != 0 {
+		return SandboxRunAs
+	}
+	return Sandbox
 }
 
 // kernelCmdline is the image's command line, with socialweb.init= from the manifest if

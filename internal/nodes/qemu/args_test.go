@@ -92,6 +92,19 @@ func TestArgs(t *testing.T) {
 				t.Errorf("kernel/initrd: %v", a)
 			}
 		}},
+		{"as root: no -runas, every sandbox deny", nil, func(t *testing.T, a []string) {
+			if got := argAfter(a, "-runas"); got != nil {
+				t.Errorf("-runas %v without a user", got)
+			}
+		}},
+		{"as a user of its own", func(l *launch) { l.UID = 2000100007 }, func(t *testing.T, a []string) {
+			if got := argAfter(a, "-runas"); !slices.Equal(got, []string{"2000100007:2000100007"}) {
+				t.Errorf("-runas %v, want the VM's user and group", got)
+			}
+			if got := argAfter(a, "-sandbox"); !slices.Equal(got, []string{SandboxRunAs}) || !strings.Contains(got[0], "spawn=deny") {
+				t.Errorf("-sandbox %v, want the filter that lets -runas drop (and still no spawn)", got)
+			}
+		}},
 		{"disks: root rw first, identity read-only second", nil, func(t *testing.T, a []string) {
 			drives := argAfter(a, "-drive")
 			if len(drives) != 2 {

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -237,12 +238,15 @@ func (p *Provider) reserve(req nodes.NodeRequest, plan nodenet.Plan) (*instance,
 	if err != nil {
 		return nil, nil, fmt.Errorf("node %s: %w", req.Name, err)
 	}
+	rec, err := p.newRecord(req)
+	if err != nil {
+		return nil, nil, err
+	}
 	dir, err := p.makeDir(req.Name)
 	if err != nil {
 		return nil, nil, err
 	}
 	ones, _ := plan.NodeCIDR.Mask.Size()
-	rec := p.newRecord(req)
 	rec.Address = fmt.Sprintf("%s/%d", addr, ones)
 	rec.Tap = nodenet.TapName(plan.Index, req.Cluster, req.Name)
 	rec.Bridge = nodenet.BridgeName(plan.Index)
@@ -359,6 +363,7 @@ func (p *Provider) launchFor(inst *instance) launch {
 		Console:      filepath.Join(inst.dir, fileConsole),
 		QMP:          sockName, // relative to qemu's working directory, the node dir
 		LayersSocket: layersSocket(r),
+		UID:          r.UID,
 	}
 }
 
@@ -373,9 +378,15 @@ func layersSocket(r record) string {
 
 // newRecord is the record of a VM about to boot for req: what p boots new VMs with (the
 // image, accelerator, TCG settings and layer share; claimableLocked compares a pool VM's
-// with these), without its network.
-func (p *Provider) newRecord(req nodes.NodeRequest) record {
+// with these) and its user, without its network. Called with p.mu held, so that two
+// boots never take one user.
+func (p *Provider) newRecord(req nodes.NodeRequest) (record, error) {
+	uid, err := p.nextUIDLocked()
+	if err != nil {
+		return record{}, fmt.Errorf("node %s: %w", req.Name, err)
+	}
 	return record{
+		UID:          uid,
 		Version:      recordVersion,
 		Request:      req,
 		ImageDir:     p.imageDir,
@@ -384,7 +395,25 @@ func (p *Provider) newRecord(req nodes.NodeRequest) record {
 		TCGFixedMaps: p.tcgFixedMaps(),
 		LayersDir:    p.layersDir(),
 		Created:      p.now(),
+	}, nil
+}
+
+// nextUIDLocked is the lowest user from Config.VMUIDBase that no VM of p holds (0 when
+// VMs run as root). Called with p.mu held.
+func (p *Provider) nextUIDLocked() (int, error) {
+	if p.cfg.VMUIDBase == 0 {
+		return 0, nil
 	}
+	inUse := map[int]bool{}
+	for _, in := range p.insts {
+		inUse[in.rec.UID] = true
+	}
+	for uid := p.cfg.VMUIDBase; uid < p.cfg.VMUIDBase+VMUIDSlots; uid++ {
+		if !inUse[uid] {
+			return uid, nil
+		}
+	}
+	return 0, fmt.Errorf("all %d VM users from %d are taken: delete VMs, or move --vm-uid-base", VMUIDSlots, p.cfg.VMUIDBase)
 }
 
 // tcgFixedMaps reports whether new VMs boot with norandmaps: under TCG, unless
@@ -412,6 +441,10 @@ func (p *Provider) start(inst *instance, l launch) error {
 	}
 	logf, err := os.OpenFile(filepath.Join(inst.dir, fileQemuLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
+		return err
+	}
+	if err := giveFiles(inst.dir, l.UID); err != nil {
+		logf.Close()
 		return err
 	}
 	cmd := exec.Command(p.qemu, l.args()...)
@@ -500,7 +533,37 @@ func vmLimits(l launch) cgroup.Limits {
 		}
 		mem += cache
 	}
-	return cgroup.Limits{MemoryMax: mem << 20, PIDsMax: 512, CPUWeight: 100}
+	// The guest's vCPUs, and half a core for qemu's main loop (device I/O, and under
+	// TCG the translation of code), however idle the host.
+	return cgroup.Limits{MemoryMax: mem << 20, PIDsMax: 512, CPUWeight: 100, CPUMaxMilli: l.CPUs*1000 + 500}
+}
+
+// vmFiles are the files of a VM's directory that belong to its qemu's user: its disks,
+// its console and qemu's output. The record, the sockets and virtiofsd's log stay the
+// daemon's (root's), and so does the directory (0700): the user can neither list it,
+// nor add, rename or replace a file in it, so the daemon's own reads and writes there
+// (the record, a warm-pool VM's identity) cannot be turned against it.
+func vmFiles() []string {
+	return []string{fileRootfs, fileIdentity, fileData, fileConsole, fileQemuLog}
+}
+
+// giveFiles makes the VM's files in dir belong to uid (user and group), creating the
+// console file for it (qemu would make it as root before dropping); 0 changes nothing.
+func giveFiles(dir string, uid int) error {
+	if uid == 0 {
+		return nil
+	}
+	f, err := os.OpenFile(filepath.Join(dir, fileConsole), os.O_CREATE|os.O_WRONLY|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("making the console file: %w", err)
+	}
+	f.Close()
+	for _, name := range vmFiles() {
+		if err := os.Lchown(filepath.Join(dir, name), uid, uid); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("giving %s to the VM's user %d: %w", name, uid, err)
+		}
+	}
+	return nil
 }
 
 // unjail removes a stopped VM's group: the directories its record names (so a

@@ -11,14 +11,14 @@ func TestVMLimits(t *testing.T) {
 		l    launch
 		mib  int64
 	}{
-		{"KVM: guest and overhead", launch{Accel: AccelKVM, MemoryMiB: 1024, TCGCacheMiB: 1024}, 1024 + vmOverheadMiB},
-		{"TCG: and its cache", launch{Accel: AccelTCG, MemoryMiB: 1024, TCGCacheMiB: 256}, 1024 + 256 + vmOverheadMiB},
-		{"TCG: qemu's default cache", launch{Accel: AccelTCG, MemoryMiB: 2048}, 2048 + 1024 + vmOverheadMiB},
+		{"KVM: guest and overhead", launch{Accel: AccelKVM, CPUs: 1, MemoryMiB: 1024, TCGCacheMiB: 1024}, 1024 + vmOverheadMiB},
+		{"TCG: and its cache", launch{Accel: AccelTCG, CPUs: 2, MemoryMiB: 1024, TCGCacheMiB: 256}, 1024 + 256 + vmOverheadMiB},
+		{"TCG: qemu's default cache", launch{Accel: AccelTCG, CPUs: 4, MemoryMiB: 2048}, 2048 + 1024 + vmOverheadMiB},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := vmLimits(tc.l)
-			if got.MemoryMax != tc.mib<<20 || got.PIDsMax != 512 || got.Validate() != nil {
-				t.Errorf("vmLimits = %+v, want memory %d MiB, 512 pids, valid", got, tc.mib)
+			if got.MemoryMax != tc.mib<<20 || got.PIDsMax != 512 || got.CPUMaxMilli != tc.l.CPUs*1000+500 || got.Validate() != nil {
+				t.Errorf("vmLimits = %+v, want memory %d MiB, 512 pids, %d.5 cores, valid", got, tc.mib, tc.l.CPUs)
 			}
 		})
 	}

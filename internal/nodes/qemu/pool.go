@@ -391,12 +391,16 @@ func (p *Provider) bootPoolVM(ctx context.Context) error {
 			return fmt.Errorf("warm-pool VM %s: its tap name %s is VM %s's; the next refill picks another name", name, tap, other)
 		}
 	}
+	rec, err := p.newRecord(req)
+	if err != nil {
+		p.mu.Unlock()
+		return err
+	}
 	dir, err := p.makeDir(name)
 	if err != nil {
 		p.mu.Unlock()
 		return err
 	}
-	rec := p.newRecord(req)
 	rec.Tap = tap
 	rec.MAC = nodenet.PoolMAC(name).String()
 	rec.Pool = true

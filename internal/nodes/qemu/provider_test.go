@@ -3,6 +3,7 @@ package qemu
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -582,5 +583,97 @@ func TestConsoleKeptAfterDelete(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); err != nil {
 		t.Errorf("consoles dir after Recover: %v", err)
+	}
+}
+
+// With a user base, every VM's qemu is told to drop to a user no other VM holds (the
+// lowest free one, so a deleted VM's comes back), and its disks and console belong to
+// that user while the record and the directory stay root's.
+func TestVMsRunAsUsersOfTheirOwn(t *testing.T) {
+	const base = 3000000000
+	e := newFakeEnv(t)
+	e.cfg.VMUIDBase = base
+	p := e.provider(t)
+	ctx := t.Context()
+	names := []string{"a-u0", "a-u1", "b-u2"}
+	var wg sync.WaitGroup
+	errs := make([]error, len(names))
+	for i, n := range names {
+		wg.Go(func() { _, errs[i] = p.Create(ctx, req(n[:1], n)) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	uidOf := func(n string) int {
+		t.Helper()
+		info, err := p.Info(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := readRecord(info.Dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", info.PID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf("\x00-runas\x00%d:%d\x00", rec.UID, rec.UID)
+		if !strings.Contains(string(cmd), want) || !strings.Contains(string(cmd), SandboxRunAs) {
+			t.Errorf("node %s: qemu's command line %q lacks -runas %d:%d or the sandbox for it", n, cmd, rec.UID, rec.UID)
+		}
+		owner := func(f string) (int, int) {
+			var st syscall.Stat_t
+			if err := syscall.Lstat(filepath.Join(info.Dir, f), &st); err != nil {
+				t.Fatalf("node %s: %v", n, err)
+			}
+			return int(st.Uid), int(st.Gid)
+		}
+		for _, f := range []string{fileRootfs, fileIdentity, fileConsole, fileQemuLog} {
+			if u, g := owner(f); u != rec.UID || g != rec.UID {
+				t.Errorf("node %s: %s belongs to %d:%d, want the VM's user %d", n, f, u, g, rec.UID)
+			}
+		}
+		for _, f := range []string{fileRecord, "."} {
+			if u, _ := owner(f); u != 0 {
+				t.Errorf("node %s: %s belongs to %d, want root: the VM's user must not replace the daemon's files", n, f, u)
+			}
+		}
+		return rec.UID
+	}
+	seen := map[int]string{}
+	for _, n := range names {
+		u := uidOf(n)
+		if u < base || u >= base+len(names) || seen[u] != "" {
+			t.Errorf("node %s runs as %d (node %q has it too); want a user of its own from %d to %d", n, u, seen[u], base, base+len(names)-1)
+		}
+		seen[u] = n
+	}
+	freed := uidOf("a-u1")
+	if err := p.Delete(ctx, "a-u1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Create(ctx, req("a", "a-u3")); err != nil {
+		t.Fatal(err)
+	}
+	if u := uidOf("a-u3"); u != freed {
+		t.Errorf("a VM made after a delete runs as %d, want the freed %d (the lowest free)", u, freed)
+	}
+	for _, n := range []string{"a-u0", "b-u2", "a-u3"} {
+		if err := p.Delete(ctx, n); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestValidateUIDBase(t *testing.T) {
+	for _, tc := range []struct {
+		base int
+		ok   bool
+	}{{0, true}, {DefaultVMUIDBase, true}, {1000, true}, {999, false}, {-5, false}, {1<<32 - 2, false}, {1<<32 - 2 - VMUIDSlots, true}} {
+		if err := ValidateUIDBase(tc.base); (err == nil) != tc.ok {
+			t.Errorf("ValidateUIDBase(%d) = %v, want ok %t", tc.base, err, tc.ok)
+		}
 	}
 }

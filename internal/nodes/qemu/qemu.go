@@ -150,6 +150,29 @@ type Config struct {
 	// memory cap (guest memory, its TCG cache and some overhead) and a pids cap: an
 	// escape from a guest, or a qemu gone wrong, takes that much of the host and no more.
 	Cgroups *cgroup.Hierarchy
+	// VMUIDBase, if not 0, runs each VM's qemu as a user and group of its own,
+	// VMUIDBase plus the lowest slot below VMUIDSlots no other VM of this provider holds:
+	// qemu opens its disks, tap, sockets and accelerator as root and then drops to it
+	// (-runas), and its disks and console belong to it. An escape from one guest into
+	// its qemu is then that user, who owns nothing else on the host and can signal no
+	// other VM. No passwd entry is needed. 0 keeps qemu root.
+	VMUIDBase int
+}
+
+// VMUIDSlots is how many users from Config.VMUIDBase up the VMs of one host use at most.
+const VMUIDSlots = 65536
+
+// DefaultVMUIDBase is serve's --vm-uid-base: far above the users a host's passwd hands
+// out (and above the ranges container runtimes map), below the largest id (2^32-2).
+const DefaultVMUIDBase = 2000100000
+
+// ValidateUIDBase says what is wrong with base as Config.VMUIDBase.
+func ValidateUIDBase(base int) error {
+	const maxID = 1<<32 - 2
+	if base != 0 && (base < 1000 || base > maxID-VMUIDSlots) {
+		return fmt.Errorf("%d: want 0 (qemu stays root) or a first id from 1000 to %d, clear of the host's users (e.g. %d)", base, maxID-VMUIDSlots, DefaultVMUIDBase)
+	}
+	return nil
 }
 
 // Networks is the part of nodenet.Manager the provider uses. The cluster's bridge must

@@ -77,6 +77,9 @@ type record struct {
 	// CgroupDirs are that group's directories (one per controller on cgroup v1), so
 	// that `socialweb down`, which knows no --cgroup-parent, removes them too.
 	CgroupDirs []string `json:"cgroupDirs,omitempty"`
+	// UID is the user and group qemu runs as once started (Config.VMUIDBase plus a slot
+	// no other VM of this host holds); 0: root, a VM started without a base.
+	UID int `json:"uid,omitempty"`
 }
 
 // since is when the node was given to its cluster: its claim, or its boot.
