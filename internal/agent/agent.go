@@ -286,6 +286,8 @@ type Agent struct {
 
 	// Set by the identity step.
 	Identity identity.Identity
+	// IdentityDevice is the disk Identity was read from; "" until then.
+	IdentityDevice string
 	// Set by the network step: the interface that got Identity.Address.
 	Link string
 	// Set by the containerd steps.
@@ -598,6 +600,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if reason == "" {
 		boot.Set(boottimeline.StepUp, a.timeline(boottimeline.StepUp))
+		if a.IdentityDevice != "" && a.Identity.BootstrapToken != "" {
+			a.startForgettingJoin(a.IdentityDevice)
+		}
 		select {
 		case a.booted <- boot:
 		default: // Run ran before; its timeline is the one published

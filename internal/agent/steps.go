@@ -359,7 +359,7 @@ func stepIdentity(ctx context.Context, a *Agent) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", dev, err)
 	}
-	a.Identity = id
+	a.Identity, a.IdentityDevice = id, dev
 	a.startProfile()
 	a.Log.Info("identity", "device", dev, "cluster", id.Cluster, "node", id.NodeName, "providerID", id.ProviderID,
 		"address", id.Address, "apiServer", id.APIServer, "registry", id.Registry)

@@ -236,3 +236,40 @@ func Decode(r io.Reader) (Identity, error) {
 	}
 	return id, id.Validate()
 }
+
+// ForgetJoin returns the disk image disk without the join secret (the bootstrap token),
+// the same size, for the host to write over a node's disk in place once the node has
+// registered; changed is false when disk holds no identity with a token (a pool
+// document, or one already forgotten). Decode refuses the result: the agent reads the
+// disk only before it joins.
+func ForgetJoin(disk []byte) (out []byte, changed bool, err error) {
+	b := bytes.TrimRight(disk, "\x00")
+	if _, ok := poolOf(b); ok {
+		return disk, false, nil
+	}
+	var id Identity
+	if err := json.Unmarshal(b, &id); err != nil {
+		return nil, false, fmt.Errorf("identity disk holds no identity document: %w", err)
+	}
+	if id.BootstrapToken == "" {
+		return disk, false, nil
+	}
+	id.BootstrapToken = ""
+	nb, err := json.Marshal(id)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(nb) > len(disk) {
+		return nil, false, fmt.Errorf("identity of %s without its token is %d bytes, over the disk's %d", id.NodeName, len(nb), len(disk))
+	}
+	return append(nb, make([]byte, len(disk)-len(nb))...), true, nil
+}
+
+// HoldsJoinSecret reports whether disk (an image, or what a guest read of its disk) is an
+// identity that still carries its bootstrap token.
+func HoldsJoinSecret(disk []byte) bool {
+	var doc struct {
+		BootstrapToken string `json:"bootstrapToken"`
+	}
+	return json.Unmarshal(bytes.TrimRight(disk, "\x00"), &doc) == nil && doc.BootstrapToken != ""
+}

@@ -2,6 +2,8 @@ package identity
 
 import (
 	"bytes"
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -130,5 +132,77 @@ func TestDecodePool(t *testing.T) {
 	}
 	if _, err := DecodePool(&id); err == nil {
 		t.Error("DecodePool read a claimed disk as a pool document")
+	}
+}
+
+// After the join the host rewrites the disk in place: same size, no token, everything
+// else kept; a pool document or a disk already forgotten is left alone.
+func TestForgetJoin(t *testing.T) {
+	encode := func(sized int, mod func(*Identity)) []byte {
+		id := sample()
+		if mod != nil {
+			mod(&id)
+		}
+		var b bytes.Buffer
+		var err error
+		if sized > 0 {
+			err = EncodeSized(&b, id, sized)
+		} else {
+			err = Encode(&b, id)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	var pool bytes.Buffer
+	if err := EncodePool(&pool, Pool{}); err != nil {
+		t.Fatal(err)
+	}
+	forgotten, _, err := ForgetJoin(encode(0, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		disk    []byte
+		changed bool
+		err     bool
+	}{
+		{"a cold node's disk", encode(0, nil), true, false},
+		{"a claimed pool VM's disk", encode(PoolDiskSize, nil), true, false},
+		{"an unclaimed pool VM's disk", pool.Bytes(), false, false},
+		{"already forgotten", forgotten, false, false},
+		{"garbage", []byte("not json\x00\x00"), false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, changed, err := ForgetJoin(tc.disk)
+			if (err != nil) != tc.err || changed != tc.changed {
+				t.Fatalf("changed %t, err %v; want changed %t, error %t", changed, err, tc.changed, tc.err)
+			}
+			if err != nil {
+				return
+			}
+			if len(out) != len(tc.disk) {
+				t.Errorf("%d bytes, want the disk's %d (it is rewritten in place under a running VM)", len(out), len(tc.disk))
+			}
+			if HoldsJoinSecret(out) || bytes.Contains(out, []byte(sample().BootstrapToken)) {
+				t.Errorf("the token is still there: %q", bytes.TrimRight(out, "\x00"))
+			}
+			if tc.changed {
+				var id Identity
+				if err := json.Unmarshal(bytes.TrimRight(out, "\x00"), &id); err != nil {
+					t.Fatal(err)
+				}
+				want := sample()
+				want.BootstrapToken = ""
+				if !reflect.DeepEqual(id, want) {
+					t.Errorf("rewritten identity %+v, want %+v (only the token gone)", id, want)
+				}
+				if !HoldsJoinSecret(tc.disk) {
+					t.Error("HoldsJoinSecret says the original disk has no token")
+				}
+			}
+		})
 	}
 }

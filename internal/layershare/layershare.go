@@ -73,6 +73,10 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// Modcaps is virtiofsd's capability change: +sys_admin, -everything a writable share
+// needs, dac_read_search for dac_override (see VirtiofsdArgs).
+const Modcaps = "+sys_admin:+dac_read_search:-dac_override:-chown:-fowner:-fsetid:-setgid:-setuid:-mknod:-setfcap"
+
 // VirtiofsdArgs is virtiofsd's command line (binary first) serving source on socket.
 //
 // cache=always: a layer's files never change once it is in place, so the guest may keep
@@ -80,15 +84,18 @@ func (c *Config) Validate() error {
 // negative lookups are not cached, so a layer prepared after a guest looked for it is
 // found on the next look). xattr with CAP_SYS_ADMIN: overlayfs in the guest reads
 // trusted.overlay.opaque through the share, and the host kernel shows trusted.* only to
-// CAP_SYS_ADMIN. sandbox=namespace: virtiofsd pivots into the share, so nothing else of
-// the host is reachable from it.
+// CAP_SYS_ADMIN. The share is read-only, so of virtiofsd's default capabilities (made to
+// create files as the guest's users) it keeps none: reading any file and directory
+// (CAP_DAC_READ_SEARCH, not CAP_DAC_OVERRIDE, which would also write) is all it does.
+// sandbox=namespace: virtiofsd pivots into the share, so nothing else of the host is
+// reachable from it.
 func VirtiofsdArgs(virtiofsd, source, socket string) []string {
 	return []string{virtiofsd,
 		"--socket-path=" + socket,
 		"-o", "source=" + source,
 		"-o", "cache=always",
 		"-o", "xattr",
-		"-o", "modcaps=+sys_admin",
+		"-o", "modcaps=" + Modcaps,
 		"-o", "sandbox=namespace",
 		"-o", "log_level=warn",
 	}

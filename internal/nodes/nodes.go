@@ -58,6 +58,16 @@ type EarlyBootWatcher interface {
 	EarlyBootStall(name string) string
 }
 
+// JoinForgetter is implemented by providers that hand a machine a join secret (a
+// bootstrap token) it needs only until its Node registers. The driver calls ForgetJoin
+// once the Node has registered, and again after a restart: the provider takes the secret
+// from wherever the machine could still read it.
+type JoinForgetter interface {
+	// ForgetJoin removes machine name's join secret. An unknown machine, a machine of
+	// another cluster, or one whose secret is already gone is not an error.
+	ForgetJoin(ctx context.Context, name string) error
+}
+
 // AcceleratorReporter is implemented by providers whose machines run under a chosen
 // accelerator (kvm, tcg). The choice may change while the provider runs; the driver
 // shows the current one on its Cluster.

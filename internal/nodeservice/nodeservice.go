@@ -421,6 +421,20 @@ func (c clusterScoped) EarlyBootStall(name string) string {
 	return w.EarlyBootStall(name)
 }
 
+// ForgetJoin forwards to the provider if it hands machines join secrets, for this
+// cluster's machines only (a Node name is the tenant's to choose).
+func (c clusterScoped) ForgetJoin(ctx context.Context, name string) error {
+	f, ok := c.NodeProvider.(nodes.JoinForgetter)
+	if !ok {
+		return nil
+	}
+	mine, err := c.owns(ctx, name)
+	if err != nil || !mine {
+		return err
+	}
+	return f.ForgetJoin(ctx, name)
+}
+
 // ownsNow is owns for the optional sides, which take no context: a failed
 // list owns nothing.
 func (c clusterScoped) ownsNow(name string) bool {

@@ -152,6 +152,8 @@ func TestClusterScopedReachesOnlyItsOwnMachines(t *testing.T) {
 			}
 			return nil
 		}, "", false},
+		{"forget the join of another cluster's machine", func() error { return a.ForgetJoin(ctx, "b-1") }, "", false},
+		{"forget its own machine's join", func() error { return a.ForgetJoin(ctx, "a-1") }, "", false},
 		{"delete its own machine", func() error { return a.Delete(ctx, "a-1") }, "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -173,10 +175,20 @@ func TestClusterScopedReachesOnlyItsOwnMachines(t *testing.T) {
 	if !left["b-1"] || left["a-1"] || left["b-2"] {
 		t.Errorf("machines left %v, want b-1 only (a-1 deleted by its own cluster, b-2 never made)", left)
 	}
+	forgot := 0
 	for _, c := range fp.Calls() {
 		if c.Op == fake.OpDelete && c.Name != "a-1" {
 			t.Errorf("the provider was asked to delete %s", c.Name)
 		}
+		if c.Op == fake.OpForgetJoin {
+			if c.Name != "a-1" {
+				t.Errorf("the provider was asked to forget the join of %s", c.Name)
+			}
+			forgot++
+		}
+	}
+	if forgot != 1 {
+		t.Errorf("ForgetJoin reached the provider %d times, want once (for a-1)", forgot)
 	}
 }
 

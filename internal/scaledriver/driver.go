@@ -309,6 +309,11 @@ func New(cfg Config, deps Deps) (*Driver, error) {
 	if _, err := d.factory.Core().V1().Nodes().Informer().AddEventHandler(d.starts.nodeHandler()); err != nil {
 		return nil, fmt.Errorf("scaledriver: cluster %s: %w", cfg.Cluster, err)
 	}
+	if jf, ok := d.provider.(nodes.JoinForgetter); ok {
+		if _, err := d.factory.Core().V1().Nodes().Informer().AddEventHandler(newJoinForgetter(jf, d.log).nodeHandler()); err != nil {
+			return nil, fmt.Errorf("scaledriver: cluster %s: %w", cfg.Cluster, err)
+		}
+	}
 	d.pods = d.factory.Core().V1().Pods().Lister()
 	d.nodeLister = d.factory.Core().V1().Nodes().Lister()
 	d.podStarts = newPodStarts(d.now, d.nodeLister.Get, func(path string, took time.Duration) {

@@ -32,6 +32,7 @@ import (
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/boottimeline"
+	"github.com/socialweb-computer/socialweb/internal/identity"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 	"github.com/socialweb-computer/socialweb/internal/nodeimage"
 )
@@ -77,6 +78,42 @@ func vmCPUCap(procCgroup string) string {
 		}
 	}
 	return ""
+}
+
+// forgotTheJoin checks that a joined node's bootstrap token is nowhere a tenant could
+// read it: the host rewrites the identity disk without it, and a privileged Pod on the
+// node reading the disk (through the guest's page cache, which the agent drops) gets
+// the document without it.
+func forgotTheJoin(t *testing.T, ctx context.Context, k kubernetes.Interface, stateDir, node string) {
+	t.Helper()
+	disk := filepath.Join(stateDir, "nodes", node, "identity.img")
+	livetest.Eventually(t, 2*time.Minute, time.Second, "the host to take the bootstrap token off the identity disk", func() bool {
+		b, err := os.ReadFile(disk)
+		return err == nil && bytes.Contains(b, []byte(`"nodeName":"`+node+`"`)) && !identity.HoldsJoinSecret(b)
+	})
+	privileged := true
+	for i := 0; ; i++ {
+		read := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("read-identity-%d", i), Namespace: "default"},
+			Spec: corev1.PodSpec{NodeName: node, RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "main", Image: "busybox:stable",
+					Command:         []string{"sh", "-c", `tr -d '\000' < /dev/vdb`},
+					SecurityContext: &corev1.SecurityContext{Privileged: &privileged}}}},
+		}
+		out := runPodOutput(t, ctx, k, read)
+		_ = k.CoreV1().Pods("default").Delete(ctx, read.Name, metav1.DeleteOptions{})
+		if !strings.Contains(out, `"nodeName":"`+node+`"`) {
+			t.Fatalf("a privileged Pod reading /dev/vdb got %q, not the node's identity document", out)
+		}
+		if !identity.HoldsJoinSecret([]byte(out)) {
+			return
+		}
+		if i == 2 {
+			t.Errorf("a privileged Pod on the joined node still reads the bootstrap token from its identity disk: %q", out)
+			return
+		}
+		time.Sleep(5 * time.Second) // the agent polls the disk every second, then drops its cache
+	}
 }
 
 // vmCPUs is qemu pid's -smp.
@@ -352,6 +389,7 @@ func TestFourStepProof(t *testing.T) {
 		t.Errorf("step 6: the kubelet's serving certificate under another CA (the management API's): %v, want unknown authority", err)
 	}
 	throughTheDoor(t, ctx, cfg, k, "default", "proof")
+	forgotTheJoin(t, ctx, k, d.stateDir, node.Name)
 	startBreakdown(t, d.logPath, node.Name)
 	t.Logf("timeline from Pod create: Provision %s, VM started %s, Node Ready %s, Pod Running %s",
 		tProvision.Round(time.Millisecond), tVM.Round(time.Millisecond), tNodeReady.Round(time.Millisecond), tRunning.Round(time.Millisecond))

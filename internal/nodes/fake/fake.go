@@ -31,6 +31,8 @@ const (
 	OpCreate Op = "Create"
 	OpDelete Op = "Delete"
 	OpList   Op = "List"
+	// OpForgetJoin is nodes.JoinForgetter's call.
+	OpForgetJoin Op = "ForgetJoin"
 )
 
 // Call is one recorded call.
@@ -130,6 +132,13 @@ func (p *Provider) Crash(name string) bool {
 // Diagnose implements nodes.Diagnoser with a fixed line naming the machine.
 func (p *Provider) Diagnose(name string) string {
 	return "fake console of " + name + ": kernel panic"
+}
+
+// ForgetJoin implements nodes.JoinForgetter: it records the call and changes nothing.
+func (p *Provider) ForgetJoin(ctx context.Context, name string) error {
+	err := p.takeFailure(OpForgetJoin)
+	p.record(Call{Op: OpForgetJoin, Name: name, Err: err, At: p.now()})
+	return err
 }
 
 // New returns an empty fake provider.

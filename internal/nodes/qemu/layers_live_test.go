@@ -182,6 +182,11 @@ func TestLiveLayerShare(t *testing.T) {
 		}
 	}
 	t.Logf("RSS: qemu %d MiB, virtiofsd %d MiB + its sandboxed child (pid %d) %d MiB", rss(info.PID), rss(vpid), child, rss(child))
+	// The child serves the guest with the two capabilities a read-only share needs
+	// (layershare.Modcaps): CAP_DAC_READ_SEARCH (2) and CAP_SYS_ADMIN (21).
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", child)); err != nil || !strings.Contains(string(st), "\nCapEff:\t0000000000200004\n") {
+		t.Errorf("virtiofsd's sandboxed child %d: want CapEff 0000000000200004 (dac_read_search, sys_admin) (%v):\n%s", child, err, st)
+	}
 	for _, want := range []string{
 		"SWQT MOUNT-OK",
 		"SWQT LAYERS 2 ",

@@ -677,3 +677,47 @@ func TestValidateUIDBase(t *testing.T) {
 		}
 	}
 }
+
+// ForgetJoin rewrites the identity disk in place (the VMM holds it open) without the
+// bootstrap token; a second call, an unknown node and a later delete are all fine.
+func TestForgetJoinRewritesTheDisk(t *testing.T) {
+	e := newFakeEnv(t)
+	p := e.provider(t)
+	ctx := t.Context()
+	if _, err := p.Create(ctx, req("a", "a-j0")); err != nil {
+		t.Fatal(err)
+	}
+	info, err := p.Info("a-j0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(info.Dir, fileIdentity)
+	before, _ := os.ReadFile(path)
+	var st0 syscall.Stat_t
+	if err := syscall.Stat(path, &st0); err != nil {
+		t.Fatal(err)
+	}
+	if !identity.HoldsJoinSecret(before) {
+		t.Fatalf("the new node's disk holds no token to forget: %q", before)
+	}
+	for range 2 {
+		if err := p.ForgetJoin(ctx, "a-j0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after, _ := os.ReadFile(path)
+	var st1 syscall.Stat_t
+	if err := syscall.Stat(path, &st1); err != nil {
+		t.Fatal(err)
+	}
+	if identity.HoldsJoinSecret(after) || len(after) != len(before) || st1.Ino != st0.Ino {
+		t.Errorf("after ForgetJoin: token kept %t, %d bytes (was %d), inode %d (was %d); want no token, the same file rewritten in place",
+			identity.HoldsJoinSecret(after), len(after), len(before), st1.Ino, st0.Ino)
+	}
+	if err := p.ForgetJoin(ctx, "nobody"); err != nil {
+		t.Errorf("ForgetJoin of an unknown node: %v", err)
+	}
+	if err := p.Delete(ctx, "a-j0"); err != nil {
+		t.Fatal(err)
+	}
+}
