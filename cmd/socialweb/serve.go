@@ -21,6 +21,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/nodeservice"
 	"github.com/socialweb-computer/socialweb/internal/registry"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
+	"github.com/socialweb-computer/socialweb/internal/tenantuid"
 )
 
 func newServeCommand(g *globalOptions) *cobra.Command {
@@ -157,6 +158,7 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&gogc, "controlplane-gogc", "50", `GOGC of each control-plane process ("" leaves Go's default): lower trades CPU for memory`)
 	f.StringVar(&cpLogMaxSize, "controlplane-log-max-size", "50Mi", "size past which a control plane's controlplane.log (in its state dir; the management API's too) is rotated: renamed controlplane.log.1, older ones shifted to .2, .3 ..., and begun anew; 0 never rotates")
 	f.IntVar(&o.ControlPlaneLog.Keep, "controlplane-log-keep", 3, fmt.Sprintf("rotated control-plane logs kept (controlplane.log.1 to .N, the oldest removed), 0-%d; 0 keeps none", logrotate.MaxKeep))
+	f.Int64Var(&o.ControlPlaneUIDBase, "control-plane-uid-base", tenantuid.DefaultBase, fmt.Sprintf("each tenant's control plane runs as uid and gid this plus its apiserver port, with read access to its own cluster's files only and write access to its run dir only; 0 runs them as root (as before); else at least %d, far from any user's uid (nothing in /etc/passwd is needed); every directory above --state-dir must be searchable by others (o+x)", tenantuid.MinBase))
 	f.StringVar(&upgrade, "upgrade-strategy", string(supervisor.UpgradeRolling), "what a new daemon does with a control plane an earlier daemon left running on another build or configuration: rolling (replaced one tenant at a time, each once the one before serves, on the socket the daemon holds, so clients wait and are never refused; a new build that fails stops the rollout), on-restart (all replaced at once, as the daemon starts), manual (kept until each next restarts for another reason)")
 	f.StringVar(&o.BuiltinImages, "builtin-images", "", "a directory holding the built-in images (pause.tar, busybox.tar, as `socialweb image builtin --out DIR` writes them; the package ships them in /usr/lib/socialweb/images), loaded into the registry at start; empty builds them, which needs the Go toolchain and Debian's mirror")
 	f.StringVar(&onExit, "control-planes-on-exit", "stop", "what the control planes (the management API's too) do when the daemon stops: stop, or keep serving for the next serve to adopt (no tenant outage across a restart or upgrade; socialweb down stops them). A daemon killed or crashed always leaves them serving")

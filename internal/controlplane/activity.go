@@ -11,7 +11,7 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/request"
 )
 
-// activityMark is a file in the control plane's directory whose modification
+// activityMark is a file in the control plane's WorkDir whose modification
 // time is the last API request from outside socialweb (to within
 // activityResolution): the daemon reads it to decide when the cluster is idle
 // enough to sleep, without asking the apiserver (which would count).
@@ -72,10 +72,12 @@ func touch(path string, t time.Time) {
 	}
 }
 
-// LastRequest is when the control plane in dir last served a request from
-// outside socialweb; zero if none since the mark was made.
+// LastRequest is when the control plane whose WorkDir is dir last served a
+// request from outside socialweb; zero if none since the mark was made. Lstat:
+// the tenant may have put a symlink or a FIFO there (it then only misstates its
+// own idleness).
 func LastRequest(dir string) time.Time {
-	fi, err := os.Stat(filepath.Join(dir, activityMark))
+	fi, err := os.Lstat(filepath.Join(dir, activityMark))
 	if err != nil {
 		return time.Time{}
 	}

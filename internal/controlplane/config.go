@@ -29,8 +29,12 @@ const ConfigFile = "controlplane.json"
 // (mode 0600: a postgres URL may hold a password) and the child reads it.
 type Config struct {
 	Name string `json:"name"`
-	// Dir holds pki/, the sqlite database and the kine socket.
-	Dir        string   `json:"dir"`
+	// Dir holds pki/, the kubeconfigs and this file: the daemon's, which the
+	// process only reads.
+	Dir string `json:"dir"`
+	// RunDir, if set, is where the process writes (WorkDir): the sqlite database,
+	// the sockets, the marks, its log. A tenant's is Dir/run, owned by its uid.
+	RunDir     string   `json:"runDir,omitempty"`
 	Components []string `json:"components"`
 	// Datastore is a kine endpoint: sqlite://path or postgres://...
 	Datastore string `json:"datastore"`
@@ -56,6 +60,9 @@ type Config struct {
 	// the same binary (see seed.go): a fresh datastore is seeded from there,
 	// or its first control plane captures the seed.
 	SeedDir string `json:"seedDir,omitempty"`
+	// SeedReadOnly: the process seeds from SeedDir but never captures a seed
+	// there. A tenant's: its seed would be every later tenant's RBAC.
+	SeedReadOnly bool `json:"seedReadOnly,omitempty"`
 	// ListenFD, if not 0, is an inherited socket already listening on 127.0.0.1:Port:
 	// the daemon keeps it open across the cluster's sleeps, so the port never stops
 	// accepting. Given on the command line, never stored.
@@ -64,6 +71,18 @@ type Config struct {
 
 // Has reports whether the config runs a component.
 func (c Config) Has(component string) bool { return slices.Contains(c.Components, component) }
+
+// RunDirName is a tenant's run dir in its Dir.
+const RunDirName = "run"
+
+// WorkDir is the directory the process works in and writes: RunDir, or Dir for
+// a config without one (the management API's, a tenant's of an older daemon).
+func (c Config) WorkDir() string {
+	if c.RunDir != "" {
+		return c.RunDir
+	}
+	return c.Dir
+}
 
 // PKI returns the paths of the control plane's certificates.
 func (c Config) PKI() pki.Paths { return pki.PathsFor(filepath.Join(c.Dir, "pki")) }
@@ -106,4 +125,14 @@ func ReadConfig(path string) (Config, error) {
 		return c, fmt.Errorf("control-plane config %s is incomplete: port, dir, datastore and components are required", path)
 	}
 	return c, nil
+}
+
+// RunFiles are the names of what a control plane writes in its WorkDir, its log
+// aside (the daemon names that): a tenant of an older daemon wrote them in Dir,
+// whence the daemon moves them into its run dir. Its sockets are made anew.
+func RunFiles() (files, sockets []string) {
+	// state.db is the sqlite datastore's name (datastore.Store.Ensure).
+	files = []string{"state.db", "state.db-wal", "state.db-shm", upMark, seededMark, activityMark, policyBuildFile, egressConfigFile}
+	sockets = []string{"kine.sock", privateSocket, egressClusterSocket, egressControlSocket}
+	return files, sockets
 }

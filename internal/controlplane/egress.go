@@ -70,7 +70,7 @@ func startEgress(ctx context.Context, c Config, log *slog.Logger) (string, error
 	if err != nil {
 		return "", err
 	}
-	cfg := filepath.Join(c.Dir, egressConfigFile)
+	cfg := filepath.Join(c.WorkDir(), egressConfigFile)
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, egressSelectorTemplate, egressClusterSocket, egressControlSocket), 0o600); err != nil {
 		return "", fmt.Errorf("writing the apiserver's egress config: %w", err)
 	}
@@ -81,7 +81,7 @@ func startEgress(ctx context.Context, c Config, log *slog.Logger) (string, error
 		{egressClusterSocket, &egressproxy.Proxy{Name: "cluster", Policy: cluster, Log: log}},
 		{egressControlSocket, &egressproxy.Proxy{Name: "controlplane", Policy: control, Log: log}},
 	} {
-		// The working directory is c.Dir (Run): the relative name is the config's.
+		// The working directory is c.WorkDir() (Run): the relative name is the config's.
 		if err := os.Remove(p.socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return "", fmt.Errorf("removing an old egress socket: %w", err)
 		}

@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// Marks are empty files in a control plane's directory that one run of it
+// Marks are empty files in a control plane's WorkDir that one run of it
 // leaves for the daemon: each is removed when a run starts, so none outlives
 // the run that earned it.
 
@@ -40,8 +40,10 @@ func clearMarks(cpDir string) error {
 	return nil
 }
 
+// hasMark is read by the daemon too: Lstat, since a tenant's run dir may hold a
+// symlink or a FIFO by that name (either only says "marked").
 func hasMark(cpDir, name string) bool {
-	_, err := os.Stat(filepath.Join(cpDir, name))
+	_, err := os.Lstat(filepath.Join(cpDir, name))
 	return err == nil
 }
 

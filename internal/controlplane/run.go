@@ -36,14 +36,14 @@ import (
 // meant to be called once per process: the Kubernetes components keep
 // process-wide state (metrics registries, feature gates, klog).
 func Run(parent context.Context, c Config, log *slog.Logger) error {
-	if err := os.Chdir(c.Dir); err != nil {
+	if err := os.Chdir(c.WorkDir()); err != nil {
 		return fmt.Errorf("entering control-plane dir: %w", err)
 	}
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 
 	// Marks are earned by this run: not up, not seeded, until it says so.
-	if err := clearMarks(c.Dir); err != nil {
+	if err := clearMarks(c.WorkDir()); err != nil {
 		return fmt.Errorf("clearing the marks of %s: %w", c.Name, err)
 	}
 	start := time.Now()
@@ -58,7 +58,7 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 	var seed *seeder
 	if c.SeedDir != "" {
 		// While the apiserver starts, which takes longer than seeding.
-		seed = startSeeding(ctx, kineEndpoint, c.SeedDir, c.Dir, log)
+		seed = startSeeding(ctx, kineEndpoint, c.SeedDir, c.WorkDir(), !c.SeedReadOnly, log)
 		defer seed.close()
 	}
 
@@ -85,7 +85,7 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 	log.Info("apiserver ready", "url", c.URL(), "elapsed", time.Since(start).Round(time.Millisecond))
 	// Before the controller-manager starts changing what the seed is made of.
 	seed.ready(ctx)
-	if !policyCurrent(c.Dir) {
+	if !policyCurrent(c.WorkDir()) {
 		go recordPolicyBuild(ctx, c, log)
 	}
 	if c.Tenant {
@@ -93,7 +93,7 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 			return fmt.Errorf("bootstrapping %s for node joins: %w", c.Name, err)
 		}
 	}
-	if err := setMark(c.Dir, upMark); err != nil {
+	if err := setMark(c.WorkDir(), upMark); err != nil {
 		return fmt.Errorf("marking %s up: %w", c.Name, err)
 	}
 	log.Info("control plane up", "elapsed", time.Since(start).Round(time.Millisecond))
@@ -136,7 +136,7 @@ func Run(parent context.Context, c Config, log *slog.Logger) error {
 }
 
 // kineEndpoint is where kine listens: a socket in the working directory,
-// which the process sets to c.Dir, since a unix socket path has a length
+// which the process sets to c.WorkDir(), since a unix socket path has a length
 // limit.
 const kineEndpoint = "unix://kine.sock"
 
@@ -211,7 +211,7 @@ func runAPIServer(ctx context.Context, c Config, l net.Listener, log *slog.Logge
 	if !c.Tenant {
 		return apiserverapp.Run(ctx, completed)
 	}
-	return runTracked(ctx, completed, c.Dir)
+	return runTracked(ctx, completed, c.WorkDir())
 }
 
 // runTracked is apiserverapp.Run with the activity filter (activity.go) around
@@ -364,7 +364,7 @@ func AdminHTTPClient(c Config) (*http.Client, error) {
 // namespaces, the kubernetes Service), and for a tenant what nodes need to
 // join. This is what Ready means for a Cluster.
 func ProbeUp(ctx context.Context, client *http.Client, c Config) error {
-	if !hasMark(c.Dir, upMark) {
+	if !hasMark(c.WorkDir(), upMark) {
 		return errors.New("the control plane is still starting up")
 	}
 	return Probe(ctx, client, c)
@@ -373,7 +373,7 @@ func ProbeUp(ctx context.Context, client *http.Client, c Config) error {
 // Probe returns nil when the control plane's readiness path (ReadyzPath)
 // answers 200.
 func Probe(ctx context.Context, client *http.Client, c Config) error {
-	return probePath(ctx, client, c, ReadyzPath(c.Dir))
+	return probePath(ctx, client, c, ReadyzPath(c.WorkDir()))
 }
 
 func probePath(ctx context.Context, client *http.Client, c Config, path string) error {

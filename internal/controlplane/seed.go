@@ -99,7 +99,9 @@ func ownBuildKey() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("finding own executable: %w", err)
 	}
-	st, err := os.Stat(exe)
+	// Through /proc: the executable's directory may not be searchable by a
+	// tenant's uid (it was started through an fd the daemon opened).
+	st, err := os.Stat("/proc/self/exe")
 	if err != nil {
 		return "", fmt.Errorf("reading own executable: %w", err)
 	}
@@ -149,7 +151,7 @@ func recordPolicyBuild(ctx context.Context, c Config, log *slog.Logger) {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
-	path := filepath.Join(c.Dir, policyBuildFile)
+	path := filepath.Join(c.WorkDir(), policyBuildFile)
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(key+"\n"), 0o600); err == nil {
 		err = os.Rename(tmp, path)
@@ -319,7 +321,9 @@ func writeSeed(path string, entries []seedEntry) error {
 		return err
 	}
 	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	// Readable by every tenant's uid, writable by root alone: a seed holds the
+	// bootstrap policy, nothing secret.
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("creating seed dir: %w", err)
 	}
 	tmp, err := os.CreateTemp(dir, ".seed-*")
@@ -327,6 +331,10 @@ func writeSeed(path string, entries []seedEntry) error {
 		return fmt.Errorf("writing seed: %w", err)
 	}
 	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return fmt.Errorf("writing seed: %w", err)
+	}
 	if _, err := tmp.Write(b); err != nil {
 		tmp.Close()
 		return fmt.Errorf("writing seed: %w", err)
@@ -353,6 +361,7 @@ type seeder struct {
 	path    string
 	cli     *clientv3.Client
 	entries []seedEntry
+	capture bool
 	cancel  context.CancelFunc
 	done    chan struct{}
 }
@@ -364,7 +373,9 @@ type seeder struct {
 //
 // Once the seed is written, a mark in cpDir tells readiness probes that the
 // two hooks have nothing left to create (see ReadyzPath).
-func startSeeding(ctx context.Context, endpoint, dir, cpDir string, log *slog.Logger) *seeder {
+//
+// capture false never writes a seed (a tenant's: see Config.SeedReadOnly).
+func startSeeding(ctx context.Context, endpoint, dir, cpDir string, capture bool, log *slog.Logger) *seeder {
 	path, err := seedPath(dir)
 	if err != nil {
 		log.Warn("not seeding the datastore", "err", err)
@@ -376,7 +387,7 @@ func startSeeding(ctx context.Context, endpoint, dir, cpDir string, log *slog.Lo
 		return nil
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	s := &seeder{log: log, path: path, cli: cli, cancel: cancel, done: make(chan struct{})}
+	s := &seeder{log: log, path: path, cli: cli, cancel: cancel, done: make(chan struct{}), capture: capture}
 	if fresh, err := holdsNoSeed(ctx, cli); err != nil || !fresh {
 		if err != nil {
 			log.Warn("not seeding the datastore", "err", err)
@@ -423,7 +434,7 @@ func (s *seeder) ready(ctx context.Context) {
 		return
 	}
 	<-s.done
-	if len(s.entries) > 0 {
+	if len(s.entries) > 0 || !s.capture {
 		return
 	}
 	start := time.Now()

@@ -222,7 +222,7 @@ func TestStartSeedingLeavesAUsedDatastoreAlone(t *testing.T) {
 	ctx := context.Background()
 	ep, cli := startKine(t)
 	create(t, cli, "/registry/clusterroles/view", encode(t, clusterRole("view", bootstrapLabel())))
-	if s := startSeeding(ctx, ep, t.TempDir(), t.TempDir(), slog.New(slog.DiscardHandler)); s != nil {
+	if s := startSeeding(ctx, ep, t.TempDir(), t.TempDir(), true, slog.New(slog.DiscardHandler)); s != nil {
 		s.close()
 		t.Error("a datastore holding the bootstrap policy was going to be seeded")
 	}
@@ -249,7 +249,7 @@ func TestSeedingMarksReadiness(t *testing.T) {
 	}
 
 	ep, _ := startKine(t)
-	s := startSeeding(ctx, ep, seedDir, cpDir, slog.New(slog.DiscardHandler))
+	s := startSeeding(ctx, ep, seedDir, cpDir, true, slog.New(slog.DiscardHandler))
 	if s == nil {
 		t.Fatal("an empty datastore with a seed at hand was not seeded")
 	}
@@ -303,7 +303,7 @@ func TestStartSeedingTrustsThePolicyOfItsOwnBuild(t *testing.T) {
 				}
 			}
 			// No seed in the seed dir: an empty datastore is not seeded either.
-			if s := startSeeding(context.Background(), ep, t.TempDir(), cpDir, slog.New(slog.DiscardHandler)); s != nil {
+			if s := startSeeding(context.Background(), ep, t.TempDir(), cpDir, true, slog.New(slog.DiscardHandler)); s != nil {
 				<-s.done
 				s.close()
 			}

@@ -50,6 +50,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/registry"
 	"github.com/socialweb-computer/socialweb/internal/sdnotify"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
+	"github.com/socialweb-computer/socialweb/internal/tenantuid"
 )
 
 // AdminKubeconfig is the management API's admin kubeconfig in the state dir.
@@ -144,6 +145,9 @@ type Options struct {
 	// ControlPlaneLog bounds each control plane's controlplane.log (the management
 	// API's too): rotated past MaxSize bytes (0 never), Keep old files kept.
 	ControlPlaneLog logrotate.Rotation
+	// ControlPlaneUIDBase: a tenant's control plane runs as uid and gid this plus
+	// its apiserver port (tenantuid.For); 0 runs them as root.
+	ControlPlaneUIDBase int64
 	// Upgrade is what this daemon does with a control plane an earlier daemon left
 	// running on another build or configuration (supervisor.Upgrade).
 	Upgrade supervisor.Upgrade
@@ -300,6 +304,14 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	}
 	if k := o.ControlPlaneLog.Keep; k < 0 || k > logrotate.MaxKeep {
 		return v, fmt.Errorf("--controlplane-log-keep %d: want 0-%d (0 keeps no rotated log)", k, logrotate.MaxKeep)
+	}
+	if err := tenantuid.ValidateBase(o.ControlPlaneUIDBase); err != nil {
+		return v, fmt.Errorf("--control-plane-uid-base %w", err)
+	}
+	if o.ControlPlaneUIDBase != 0 {
+		if err := reachableByTenants(o.StateDir); err != nil {
+			return v, err
+		}
 	}
 	if _, err := supervisor.ParseUpgrade(string(o.Upgrade)); o.Upgrade != "" && err != nil {
 		return v, fmt.Errorf("--upgrade-strategy: %w", err)
@@ -470,11 +482,8 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		}
 		defer stop()
 	}
-	if err := os.MkdirAll(filepath.Join(v.StateDir, "clusters"), 0o700); err != nil {
-		return fmt.Errorf("creating state dir: %w", err)
-	}
-	if err := os.Chmod(v.StateDir, 0o700); err != nil {
-		return fmt.Errorf("restricting state dir: %w", err)
+	if err := stateDirModes(v.StateDir, v.ControlPlaneUIDBase != 0); err != nil {
+		return err
 	}
 	stopRecord, err := recordDaemon(v.StateDir)
 	if err != nil {
@@ -597,6 +606,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		Env:              v.ControlPlaneEnv,
 		ExecutableDigest: digest,
 		ControlPlaneLog:  v.ControlPlaneLog,
+		UIDBase:          v.ControlPlaneUIDBase,
 		FrontDoor:        door,
 		Cgroups:          v.cgroups,
 		Domain:           v.FrontDoorDomain,
@@ -665,7 +675,7 @@ func startManagement(ctx context.Context, v validated, digest string, sup *super
 	if err := controlplane.Prepare(cfg); err != nil {
 		return "", err
 	}
-	if spec.Fingerprint, err = provider.Fingerprint(digest, spec.Args, spec.Env, filepath.Join(dir, controlplane.ConfigFile)); err != nil {
+	if spec.Fingerprint, err = provider.Fingerprint(digest, spec.Args, spec.Env, filepath.Join(dir, controlplane.ConfigFile), tenantuid.Owner{}); err != nil {
 		return "", err
 	}
 	sup.Start(spec)

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,6 +46,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/registry"
 	"github.com/socialweb-computer/socialweb/internal/sleep"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
+	"github.com/socialweb-computer/socialweb/internal/tenantuid"
 )
 
 // Defaults fill a Cluster's empty spec fields.
@@ -104,6 +106,9 @@ type Config struct {
 	// serving certificate carries, its admin kubeconfig sends, and a
 	// sleeping cluster wakes for. "" is frontdoor.DefaultDomain.
 	Domain string
+	// UIDBase is serve's --control-plane-uid-base: a tenant's control plane runs
+	// as uid and gid UIDBase + its port (tenantuid.For); 0 runs it as root.
+	UIDBase int64
 	// BuildCache is the host's build cache: when on, each cluster's nodes may open
 	// its port on their gateway and its access is kept in a Secret for runner
 	// credentials; on or off, a deleted cluster's cache goes. nil: none.
@@ -197,6 +202,11 @@ func ProcessName(cluster string) string { return "cluster/" + cluster }
 
 // ClusterDir is where a cluster's files live.
 func ClusterDir(stateDir, cluster string) string { return filepath.Join(stateDir, "clusters", cluster) }
+
+// RunDir is the part of a cluster's dir its control plane writes, owned by its uid.
+func RunDir(stateDir, cluster string) string {
+	return filepath.Join(ClusterDir(stateDir, cluster), controlplane.RunDirName)
+}
 
 // SupervisorHook is the onChange callback to give the supervisor.
 func (p *Provider) SupervisorHook(name string) {
@@ -427,7 +437,7 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 			// A cluster that may sleep starts on the port the daemon holds.
 			var g *sleep.Gate
 			if g, err = p.gateFor(c, *obs.Lease); err == nil {
-				err = p.start(c, g)
+				err = p.start(c, *obs.Lease, g)
 			}
 		case OpEnsureNetwork:
 			err = p.ensureNetwork(ctx, c, *obs.Lease)
@@ -566,10 +576,15 @@ func (p *Provider) controlPlaneConfig(c *v1.Cluster, l lease.Lease, endpoint str
 	if err != nil {
 		return controlplane.Config{}, err
 	}
+	owner, err := p.owner(l)
+	if err != nil {
+		return controlplane.Config{}, err
+	}
 	return controlplane.Config{
 		Name:             c.Name,
 		ServerName:       p.serverName(c.Name),
 		Dir:              ClusterDir(p.cfg.StateDir, c.Name),
+		RunDir:           RunDir(p.cfg.StateDir, c.Name),
 		Components:       []string{controlplane.APIServer, controlplane.ControllerManager, controlplane.Scheduler},
 		Datastore:        endpoint,
 		Port:             l.Port,
@@ -580,7 +595,13 @@ func (p *Provider) controlPlaneConfig(c *v1.Cluster, l lease.Lease, endpoint str
 		NodeCIDRMaskSize: 24,
 		Tenant:           true,
 		SeedDir:          controlplane.SeedDirIn(p.cfg.StateDir),
+		SeedReadOnly:     !owner.Root(),
 	}, nil
+}
+
+// owner is the uid and gid of the control plane of the cluster holding l.
+func (p *Provider) owner(l lease.Lease) (tenantuid.Owner, error) {
+	return tenantuid.For(p.cfg.UIDBase, l.Port)
 }
 
 // provisionedFor reports whether a config on disk was written for the lease:
@@ -607,7 +628,12 @@ func (p *Provider) provision(ctx context.Context, c *v1.Cluster, l lease.Lease) 
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	endpoint, err := p.store.Ensure(ctx, c.Name, dir)
+	owner, err := p.owner(l)
+	if err != nil {
+		return err
+	}
+	// The sqlite datastore is in the run dir, which the control plane writes.
+	endpoint, err := p.store.Ensure(ctx, c.Name, RunDir(p.cfg.StateDir, c.Name))
 	if err != nil {
 		return err
 	}
@@ -621,6 +647,9 @@ func (p *Provider) provision(ctx context.Context, c *v1.Cluster, l lease.Lease) 
 	plan, _ := nodenet.ForIndex(l.Network)
 	if err := controlplane.Prepare(cfg, plan.APIService); err != nil {
 		return err
+	}
+	if err := shareWithTenant(dir, owner); err != nil {
+		return fmt.Errorf("giving cluster %s's control plane its files: %w", c.Name, err)
 	}
 	if err := p.writeAdminKubeconfig(ctx, c, cfg.PKI(), cfg.URL()); err != nil {
 		return err
@@ -721,16 +750,27 @@ func (p *Provider) deleteSecret(ctx context.Context, name string) error {
 // accepts on the socket the daemon holds (fd 3) instead of binding the port.
 // A control plane an earlier daemon left running is adopted if its fingerprint
 // is this one's, and replaced as the daemon's upgrade strategy says if not.
-func (p *Provider) start(c *v1.Cluster, g *sleep.Gate) error {
+func (p *Provider) start(c *v1.Cluster, l lease.Lease, g *sleep.Gate) error {
 	dir := ClusterDir(p.cfg.StateDir, c.Name)
 	configPath := filepath.Join(dir, controlplane.ConfigFile)
 	spec := ControlPlaneSpec(ProcessName(c.Name), dir, p.cfg.Executable, p.cfg.Env, p.cfg.ControlPlaneLog)
+	// Its log is in the run dir it writes, and rotated there by it.
+	spec.LogPath = filepath.Join(RunDir(p.cfg.StateDir, c.Name), LogFile)
+	spec.Args = controlPlaneArgs(dir, spec.LogPath, p.cfg.ControlPlaneLog)
 	if g != nil {
 		spec.Args = append(spec.Args, "--listen-fd", "3")
 		spec.ExtraFiles = []*os.File{g.File()}
 	}
-	var err error
-	if spec.Fingerprint, err = Fingerprint(p.cfg.ExecutableDigest, spec.Args, spec.Env, configPath); err != nil {
+	owner, err := p.owner(l)
+	if err != nil {
+		return err
+	}
+	if !owner.Root() {
+		spec.Credential = &syscall.Credential{Uid: uint32(owner.UID), Gid: uint32(owner.GID)}
+	}
+	// Before each run, none running: an older daemon's files move into the run dir.
+	spec.BeforeStart = func() error { return layOutRunDir(dir, owner) }
+	if spec.Fingerprint, err = Fingerprint(p.cfg.ExecutableDigest, spec.Args, spec.Env, configPath, owner); err != nil {
 		return err
 	}
 	spec.Ready = func(ctx context.Context) error {
@@ -789,28 +829,43 @@ func (p *Provider) reapUnwanted() {
 // ControlPlaneSpec is the process of the control plane whose files are in dir
 // (a tenant's, or the management API's), without its fingerprint.
 func ControlPlaneSpec(name, dir, executable string, env []string, rot logrotate.Rotation) supervisor.Spec {
-	logPath := filepath.Join(dir, "controlplane.log")
+	logPath := filepath.Join(dir, LogFile)
 	return supervisor.Spec{
-		Name: name,
-		Path: executable,
-		Args: []string{"controlplane", "--config", filepath.Join(dir, controlplane.ConfigFile),
-			"--log-file", logPath, "--log-max-size", strconv.FormatInt(rot.MaxSize, 10), "--log-keep", strconv.Itoa(rot.Keep)},
+		Name:       name,
+		Path:       executable,
+		Args:       controlPlaneArgs(dir, logPath, rot),
 		Env:        env,
 		LogPath:    logPath,
 		RecordPath: filepath.Join(dir, "instance.json"),
 	}
 }
 
+// LogFile is a control plane's log (stdout and stderr), in its WorkDir.
+const LogFile = "controlplane.log"
+
+// controlPlaneArgs is the command line of the control plane whose config is in
+// dir, logging to logPath.
+func controlPlaneArgs(dir, logPath string, rot logrotate.Rotation) []string {
+	return []string{"controlplane", "--config", filepath.Join(dir, controlplane.ConfigFile),
+		"--log-file", logPath, "--log-max-size", strconv.FormatInt(rot.MaxSize, 10), "--log-keep", strconv.Itoa(rot.Keep)}
+}
+
 // Fingerprint names a control-plane run: the build, its command line and
-// environment, and its config file's contents. Two runs of one fingerprint
-// serve alike, so a daemon adopts one it finds running.
-func Fingerprint(digest string, args, env []string, configPath string) (string, error) {
+// environment, its config file's contents, and the uid it runs as (a control
+// plane an older daemon started as root is replaced, not adopted). Two runs of
+// one fingerprint serve alike, so a daemon adopts one it finds running.
+func Fingerprint(digest string, args, env []string, configPath string, owner tenantuid.Owner) (string, error) {
 	config, err := os.ReadFile(configPath)
 	if err != nil {
 		return "", fmt.Errorf("reading the control plane's config: %w", err)
 	}
+	parts := [][]byte{[]byte(digest), []byte(strings.Join(args, "\x00")), []byte(strings.Join(env, "\x00")), config}
+	if !owner.Root() {
+		// Root's runs keep the fingerprint they had before there were uids.
+		parts = append(parts, fmt.Appendf(nil, "uid=%d gid=%d", owner.UID, owner.GID))
+	}
 	h := sha256.New()
-	for _, part := range [][]byte{[]byte(digest), []byte(strings.Join(args, "\x00")), []byte(strings.Join(env, "\x00")), config} {
+	for _, part := range parts {
 		fmt.Fprintf(h, "%d:", len(part))
 		h.Write(part)
 	}

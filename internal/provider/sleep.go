@@ -309,7 +309,7 @@ func (p *Provider) checkSleep(ctx context.Context, c *v1.Cluster) error {
 	if wokeAt.After(awakeSince) {
 		awakeSince = wokeAt
 	}
-	obs := sleep.Observed{Now: now, SleepAfter: after, AwakeSince: awakeSince, LastRequest: controlplane.LastRequest(ClusterDir(p.cfg.StateDir, c.Name))}
+	obs := sleep.Observed{Now: now, SleepAfter: after, AwakeSince: awakeSince, LastRequest: controlplane.LastRequest(RunDir(p.cfg.StateDir, c.Name))}
 	// The cheap part first: the tenant is asked only once the cluster looks idle.
 	if v := sleep.Decide(obs); !v.Sleep {
 		return nil

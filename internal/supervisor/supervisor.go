@@ -7,9 +7,12 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/socialweb-computer/socialweb/internal/tenantuid"
 )
 
 // Spec describes one supervised process.
@@ -37,6 +40,14 @@ type Spec struct {
 	// is moved in at once (an adopted one too), and a run the kernel OOM-killed
 	// there says so.
 	Jail Jail
+	// Credential, if set, is the uid and gid the process runs as. Its log is then
+	// opened as a file that uid may have replaced (tenantuid.OpenAppend), and Path
+	// is executed through an fd the daemon opened: its directory may not be
+	// searchable by that uid.
+	Credential *syscall.Credential
+	// BeforeStart, if set, runs before each run this supervisor starts (not before
+	// an adopted one): it may change the files a run uses, since none runs.
+	BeforeStart func() error
 }
 
 // Jail is a process group with limits (cgroup.Group).
@@ -297,7 +308,19 @@ func (s *Supervisor) inherit(p *proc, log *slog.Logger) (*run, *step) {
 
 // startOnce starts one run: stdout and stderr appended to its log file.
 func (s *Supervisor) startOnce(p *proc) (*run, error) {
-	logf, err := os.OpenFile(p.spec.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if p.spec.BeforeStart != nil {
+		if err := p.spec.BeforeStart(); err != nil {
+			return nil, fmt.Errorf("preparing the run: %w", err)
+		}
+	}
+	cred := p.spec.Credential
+	var logf *os.File
+	var err error
+	if cred != nil {
+		logf, err = tenantuid.OpenAppend(p.spec.LogPath, tenantuid.Owner{UID: int(cred.Uid), GID: int(cred.Gid)})
+	} else {
+		logf, err = os.OpenFile(p.spec.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("opening the log: %w", err)
 	}
@@ -310,6 +333,19 @@ func (s *Supervisor) startOnce(p *proc) (*run, error) {
 	// in order, not all at once; and no parent-death signal: the process outlives a
 	// daemon that dies, for the next one to adopt.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if cred != nil {
+		// The uid changes before the exec: the executable is reached through an fd
+		// of the daemon's, /proc/self/fd/N, which resolves without searching its
+		// directory. argv[0] stays its path (the instance record's command line).
+		exe, err := os.Open(p.spec.Path)
+		if err != nil {
+			return nil, fmt.Errorf("opening the executable: %w", err)
+		}
+		defer exe.Close()
+		cmd.ExtraFiles = append(slices.Clone(cmd.ExtraFiles), exe)
+		cmd.Path = fmt.Sprintf("/proc/self/fd/%d", 2+len(cmd.ExtraFiles))
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: cred.Uid, Gid: cred.Gid, Groups: []uint32{}}
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
