@@ -124,3 +124,18 @@ anyone who can read it can act as the tenant's admin. Keep it as you keep kubeco
 	documentEnv(f)
 	return cmd
 }
+
+// newCopyDatastoreCommand is what `cluster backup` runs as a tenant's uid to copy
+// its sqlite datastore (backup.CopyDatastoreAs).
+func newCopyDatastoreCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:    backup.CopyCommand + " SRC DST",
+		Short:  "Copy a sqlite datastore (run by cluster backup as the tenant's uid)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			_, err := backup.CopyDatastore(cmd.Context(), args[0], args[1])
+			return err
+		},
+	}
+}

@@ -61,6 +61,7 @@ func newRootCommand() *cobra.Command {
 		newImageCommand(g),
 		newDownCommand(g),
 		newControlPlaneCommand(),
+		newCopyDatastoreCommand(),
 		newVirtiofsdCommand(),
 		newVersionCommand(),
 		newManPagesCommand(),

@@ -32,7 +32,7 @@ func StagedDir(stateDir, token string) (string, error) {
 }
 
 // Source is where a tenant's data is: its cluster directory (the PKI, and
-// the sqlite datastore), and for a postgres tenant its kine endpoint.
+// the sqlite datastore in its run dir), and for a postgres tenant its kine endpoint.
 type Source struct {
 	ClusterDir string
 	// Postgres is the tenant's own postgres URL; "" for a sqlite tenant.
@@ -52,11 +52,18 @@ func Take(ctx context.Context, w io.Writer, src Source, tmpDir string, a Archive
 	if src.Postgres != "" {
 		rows, err = DumpPostgres(ctx, src.Postgres, db)
 	} else {
-		from := filepath.Join(src.ClusterDir, DatastoreEntry)
-		if _, err := os.Stat(from); err != nil {
+		from, owner, derr := datastoreOf(src.ClusterDir)
+		if derr != nil {
+			return a.Header, derr
+		}
+		if _, err := os.Lstat(from); err != nil {
 			return a.Header, fmt.Errorf("the datastore of %s: %w (is the cluster provisioned? `socialweb cluster get %s` says)", a.Header.Cluster, err, a.Header.Cluster)
 		}
-		rows, err = CopyDatastore(ctx, from, db)
+		if owner.Root() {
+			rows, err = CopyDatastore(ctx, from, db)
+		} else {
+			rows, err = CopyDatastoreAs(ctx, owner, from, src.ClusterDir, db)
+		}
 	}
 	if err != nil {
 		return a.Header, err
