@@ -308,11 +308,7 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	if err := tenantuid.ValidateBase(o.ControlPlaneUIDBase); err != nil {
 		return v, fmt.Errorf("--control-plane-uid-base %w", err)
 	}
-	if o.ControlPlaneUIDBase != 0 {
-		if err := reachableByTenants(o.StateDir); err != nil {
-			return v, err
-		}
-	}
+
 	if _, err := supervisor.ParseUpgrade(string(o.Upgrade)); o.Upgrade != "" && err != nil {
 		return v, fmt.Errorf("--upgrade-strategy: %w", err)
 	}
@@ -436,6 +432,12 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	}
 	if o.WarmPool > 0 && o.NodeImage == "" {
 		log.Warn("--warm-pool without --node-image: there is no node image to boot pool VMs from; no pool is kept")
+	}
+	// Last: a state dir's place is checked once everything said is.
+	if o.ControlPlaneUIDBase != 0 {
+		if err := reachableByTenants(o.StateDir); err != nil {
+			return v, err
+		}
 	}
 	return v, nil
 }

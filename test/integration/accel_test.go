@@ -48,7 +48,7 @@ func TestAcceleratorProbeMatchesANodeBoot(t *testing.T) {
 	if v.Accel == qemu.AccelKVM {
 		return // --accel kvm is accepted here; TestFourStepProof runs nodes under it
 	}
-	state := filepath.Join(t.TempDir(), "state")
+	state := filepath.Join(stateTempDir(t), "state")
 	_, errOut, code := run("serve", "--state-dir", state, "--metrics-address", "", "--node-image", img, "--accel", "kvm")
 	if code == 0 || !strings.Contains(errOut, "--accel kvm") || !strings.Contains(errOut, "--accel tcg") {
 		t.Errorf("serve --accel kvm where KVM does not boot the image: exit %d, %q; want a refusal naming the way out", code, errOut)

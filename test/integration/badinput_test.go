@@ -124,7 +124,7 @@ func TestServeRefusesBadConfigBeforeCreatingAnything(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			state := filepath.Join(t.TempDir(), "state")
+			state := filepath.Join(stateTempDir(t), "state")
 			args := append([]string{"serve", "--state-dir", state, "--metrics-address", ""}, tt.args...)
 			_, errOut, code := run(args...)
 			if code == 0 || !strings.Contains(errOut, tt.wantErr) {
@@ -146,7 +146,7 @@ func TestServeRefusesBadConfigBeforeCreatingAnything(t *testing.T) {
 	})
 	t.Run("bad accelerator twin", func(t *testing.T) {
 		t.Setenv("SOCIALWEB_ACCEL", "xen")
-		state := filepath.Join(t.TempDir(), "s")
+		state := filepath.Join(stateTempDir(t), "s")
 		_, errOut, code := run("serve", "--state-dir", state)
 		if code == 0 || !strings.Contains(errOut, `"xen"`) {
 			t.Errorf("exit %d, stderr %q; want the value refused", code, errOut)
@@ -157,7 +157,7 @@ func TestServeRefusesBadConfigBeforeCreatingAnything(t *testing.T) {
 	})
 	t.Run("bad environment twin", func(t *testing.T) {
 		t.Setenv("SOCIALWEB_DEFAULT_MAX_NODES", "many")
-		_, errOut, code := run("serve", "--state-dir", filepath.Join(t.TempDir(), "s"))
+		_, errOut, code := run("serve", "--state-dir", filepath.Join(stateTempDir(t), "s"))
 		if code == 0 || !strings.Contains(errOut, "SOCIALWEB_DEFAULT_MAX_NODES") {
 			t.Errorf("exit %d, stderr %q; want the env var named", code, errOut)
 		}

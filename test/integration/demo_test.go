@@ -24,7 +24,7 @@ func TestDemoInterruptedLeavesNothing(t *testing.T) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		livetest.Skip(t, "nft not installed: apt-get install nftables")
 	}
-	state := filepath.Join(t.TempDir(), "state")
+	state := filepath.Join(stateTempDir(t), "state")
 	before := hostNetwork(t)
 
 	var out bytes.Buffer

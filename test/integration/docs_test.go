@@ -94,7 +94,7 @@ func docFiles(t *testing.T, root string) []string {
 
 func runRunbook(t *testing.T, name, script string, setup runbookSetup) {
 	root := setup.root
-	state := filepath.Join(t.TempDir(), "state")
+	state := filepath.Join(stateTempDir(t), "state")
 	ownState := true
 	if setup.cluster != "" {
 		d := newDaemon(t, 10)

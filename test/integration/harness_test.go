@@ -95,11 +95,23 @@ func portBlock(t *testing.T, n int) (int, int) {
 	return 0, 0
 }
 
+// stateTempDir is a temporary state dir a tenant control plane's uid can reach:
+// the test's temporary dir above it, 0700, is made 0711 (serve refuses a state
+// dir under a directory others cannot search).
+func stateTempDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 func newDaemon(t *testing.T, ports int, extra ...string) *daemon {
 	lo, hi := portBlock(t, ports)
 	d := &daemon{
 		t:         t,
-		stateDir:  t.TempDir(),
+		stateDir:  stateTempDir(t),
 		apiPort:   livetest.FreePort(t),
 		portRange: fmt.Sprintf("%d-%d", lo, hi),
 		extra:     extra,

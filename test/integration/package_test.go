@@ -161,7 +161,7 @@ func packageOnFreshHost(t *testing.T, deb string) {
 // already uses it) gives the daemon a state dir and ports of the test's.
 func packageServeAndPurge(t *testing.T, deb string, withImage bool) {
 	systemd := isDir("/run/systemd/system")
-	state := t.TempDir()
+	state := stateTempDir(t)
 	apiPort, metricsPort := livetest.FreePort(t), livetest.FreePort(t)
 	lo, hi := portBlock(t, 5)
 	metrics := net.JoinHostPort("127.0.0.1", strconv.Itoa(metricsPort))
