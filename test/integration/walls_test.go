@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,12 +18,25 @@ import (
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 	"github.com/socialweb-computer/socialweb/internal/provider"
+	"github.com/socialweb-computer/socialweb/internal/tenantuid"
 )
+
+// asUID runs a shell script as uid (and gid uid, no other group): what a tenant's
+// control plane taken over could do. Its output is stdout and stderr.
+func asUID(uid int, script string) (string, error) {
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid), Groups: []uint32{}}}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
 
 // TestControlPlaneInItsBox: each tenant's control plane runs in a cgroup of its own
 // with its limits, with no_new_privs and a seccomp filter (internal/syscallfilter). One made to exceed its memory (a limit it
 // cannot start under) is OOM-killed there, the Cluster says so, and it is restarted;
-// the other tenant and the daemon do not notice.
+// the other tenant and the daemon do not notice. Each runs as a uid of its own
+// (tenantuid): it reads its own config and keys, writes only its run dir, and a
+// symlink it plants there is not followed by the daemon.
 func TestControlPlaneInItsBox(t *testing.T) {
 	d := newDaemon(t, 2)
 	d.start()
@@ -62,6 +77,13 @@ func TestControlPlaneInItsBox(t *testing.T) {
 	for _, want := range []string{"\nNoNewPrivs:\t1\n", "\nSeccomp:\t2\n"} {
 		if !strings.Contains(string(status), want) {
 			t.Errorf("ok's control plane %d runs without %q (no_new_privs, a seccomp filter):\n%s", pid, strings.TrimSpace(want), status)
+		}
+	}
+	// Its own uid and gid, the daemon's base plus its port, and no other group.
+	uid := tenantuid.DefaultBase + int(d.cluster("ok").Status.Port)
+	for _, want := range []string{fmt.Sprintf("\nUid:\t%d\t%[1]d\t%[1]d\t%[1]d\n", uid), fmt.Sprintf("\nGid:\t%d\t%[1]d\t%[1]d\t%[1]d\n", uid), "\nGroups:\t\n"} {
+		if !strings.Contains(string(status), want) {
+			t.Errorf("ok's control plane %d does not run as its own uid (%q):\n%s", pid, strings.TrimSpace(want), status)
 		}
 	}
 	cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
@@ -111,6 +133,62 @@ func TestControlPlaneInItsBox(t *testing.T) {
 	if c := d.cluster("ok"); c.Status.Phase != v1.PhaseReady {
 		t.Errorf("ok is %s, want Ready", c.Status.Phase)
 	}
+
+	// What ok's uid (its control plane, taken over) can reach: its own config and
+	// keys to read; not small's keys or run dir, not the cluster list, not a write
+	// to its own config.
+	okDir, smallDir := provider.ClusterDir(d.stateDir, "ok"), provider.ClusterDir(d.stateDir, "small")
+	for _, tc := range []struct{ what, script string }{
+		{"read its own config", "cat " + filepath.Join(okDir, "controlplane.json")},
+		{"read its own CA key", "cat " + filepath.Join(okDir, "pki", "ca.key")},
+		{"write its run dir", "echo x > " + filepath.Join(okDir, "run", "probe") + " && rm " + filepath.Join(okDir, "run", "probe")},
+	} {
+		if out, err := asUID(uid, tc.script); err != nil {
+			t.Errorf("ok's uid cannot %s: %v: %s", tc.what, err, out)
+		}
+	}
+	for _, tc := range []struct{ what, script string }{
+		{"read small's CA key", "cat " + filepath.Join(smallDir, "pki", "ca.key")},
+		{"list small's run dir", "ls " + filepath.Join(smallDir, "run")},
+		{"read small's datastore", "cat " + filepath.Join(smallDir, "run", "state.db")},
+		{"list the clusters", "ls " + filepath.Join(d.stateDir, "clusters")},
+		{"list the state dir", "ls " + d.stateDir},
+		{"read the management API's keys", "cat " + filepath.Join(d.stateDir, "mgmt", "pki", "ca.key")},
+		{"write its own config", "echo '{}' >> " + filepath.Join(okDir, "controlplane.json")},
+		{"remove its own config", "rm -f " + filepath.Join(okDir, "controlplane.json")},
+		{"make a file beside its config", "touch " + filepath.Join(okDir, "instance.json.tmp")},
+	} {
+		out, err := asUID(uid, tc.script)
+		if err == nil || !strings.Contains(out, "Permission denied") {
+			t.Errorf("ok's uid could %s (%v): %s", tc.what, err, out)
+		}
+	}
+	// A symlink it plants where the daemon appends (its log) is not followed: the
+	// run fails to start, says why, and the file the link names is untouched.
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("untouched\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(okDir, "run", "controlplane.log")
+	if out, err := asUID(uid, "ln -sf "+victim+" "+logPath+".new && mv -f "+logPath+".new "+logPath); err != nil {
+		t.Fatalf("planting a symlink as ok's uid: %v: %s", err, out)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	livetest.Eventually(t, time.Minute, time.Second, "ok's Cluster to say its log is not its uid's file", func() bool {
+		cond := meta.FindStatusCondition(d.cluster("ok").Status.Conditions, v1.ConditionRunning)
+		return cond != nil && strings.Contains(cond.Message, tenantuid.ErrNotOwned.Error())
+	})
+	if b, _ := os.ReadFile(victim); string(b) != "untouched\n" {
+		t.Errorf("the daemon wrote through ok's symlink: %q", b)
+	}
+	if err := os.Remove(logPath); err != nil {
+		t.Fatal(err)
+	}
+	livetest.Eventually(t, 2*time.Minute, time.Second, "ok to come back once the symlink is gone", func() bool {
+		return d.cluster("ok").Status.Phase == v1.PhaseReady
+	})
 	d.mustCLI("cluster", "delete", "small", "--wait")
 	for _, dir := range []string{filepath.Join("/sys/fs/cgroup/socialweb", provider.CgroupName(d.stateDir, "small")),
 		filepath.Join("/sys/fs/cgroup/memory/socialweb", provider.CgroupName(d.stateDir, "small"))} {
