@@ -153,7 +153,7 @@ func Decide(o Observed) Plan {
 			p.Ops = append(p.Ops, OpEnsureNetwork)
 		}
 	default:
-		p.cond(v1.ConditionRunning, false, "Exited", fmt.Sprintf("%s; restarting with backoff (%d restarts); see controlplane.log in the cluster's state dir", o.Process.LastExit, o.Process.Restarts), o.Now)
+		p.cond(v1.ConditionRunning, false, "Exited", fmt.Sprintf("%s; restarting with backoff (%d restarts); see controlplane.log in the cluster's run dir (STATE/clusters/NAME/run)", o.Process.LastExit, o.Process.Restarts), o.Now)
 	}
 	switch {
 	case o.Probe.OK:

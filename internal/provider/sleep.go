@@ -482,7 +482,7 @@ func (p *Provider) whyNotUp(name string) string {
 	case !ok:
 		return "the process was not started"
 	case !st.Running:
-		return fmt.Sprintf("the process %s (%d restarts); see controlplane.log in the cluster's state dir", st.LastExit, st.Restarts)
+		return fmt.Sprintf("the process %s (%d restarts); see controlplane.log in the cluster's run dir (STATE/clusters/NAME/run)", st.LastExit, st.Restarts)
 	}
 	p.probeMu.Lock()
 	defer p.probeMu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -185,5 +186,66 @@ func TestJail(t *testing.T) {
 				t.Errorf("jail holds pids %v; want some: %v", tc.jail.pids, tc.wantPids)
 			}
 		})
+	}
+}
+
+// TestCredential: a run of another uid starts from an executable in a directory
+// that uid cannot search (exec through the daemon's fd), with no other group, and
+// its log is a file of that uid; a symlink in the log's place stops the start.
+func TestCredential(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the run changes its uid")
+	}
+	const id = 2_000_007_500
+	sp := spec(t, "tenant", "-c", "id -u; id -G; sleep 30")
+	hidden := t.TempDir() // 0700 above it: not searchable by id
+	sh := filepath.Join(hidden, "sh")
+	b, err := os.ReadFile("/bin/sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(sh, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sp.Path = sh
+	sp.Credential = &syscall.Credential{Uid: id, Gid: id}
+	// The log's directory is root's alone: the run writes to the fd it inherits.
+	s := New(quietLog(), Backoff{Initial: 50 * time.Millisecond, Max: 100 * time.Millisecond, Reset: time.Minute}, "", nil)
+	s.Start(sp)
+	defer s.Stop("tenant", time.Second)
+	waitFor(t, "its uid and groups in its log", func() bool {
+		b, _ := os.ReadFile(sp.LogPath)
+		return strings.Count(string(b), "\n") >= 2
+	})
+	b, _ = os.ReadFile(sp.LogPath)
+	if want := "2000007500\n2000007500\n"; string(b) != want {
+		t.Errorf("the run says %q, want %q (its uid, then its only group)", b, want)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(sp.LogPath, &st); err != nil || st.Uid != id {
+		t.Errorf("the log is uid %d's (%v), want %d's", st.Uid, err, id)
+	}
+	rec, err := readRecord(sp.RecordPath)
+	if err != nil || len(rec.Cmdline) == 0 || rec.Cmdline[0] != sh {
+		t.Errorf("the record's command line is %q (%v), want argv[0] %s", rec.Cmdline, err, sh)
+	}
+
+	// A symlink where the log is: the next start refuses it.
+	s.Stop("tenant", time.Second)
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(sp.LogPath); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, sp.LogPath); err != nil {
+		t.Fatal(err)
+	}
+	s.Start(sp)
+	defer s.Stop("tenant", time.Second)
+	waitFor(t, "the start to fail", func() bool { st, _ := s.State("tenant"); return strings.Contains(st.LastExit, "opening the log") })
+	if fi, _ := os.Stat(victim); fi.Size() != 0 {
+		t.Errorf("the run wrote through the symlink")
 	}
 }
