@@ -20,7 +20,13 @@ func Prepare(c Config, extraIPs ...net.IP) error {
 	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
 		return fmt.Errorf("creating control-plane dir: %w", err)
 	}
-	if err := os.Chmod(c.Dir, 0o700); err != nil {
+	// Others lose every bit and the group its write; a tenant's group keeps its
+	// read (the daemon gives it), so a running tenant never loses its way in.
+	fi, err := os.Stat(c.Dir)
+	if err != nil {
+		return fmt.Errorf("restricting control-plane dir: %w", err)
+	}
+	if err := os.Chmod(c.Dir, fi.Mode().Perm()&0o750); err != nil {
 		return fmt.Errorf("restricting control-plane dir: %w", err)
 	}
 	ips := []net.IP{net.IPv4(127, 0, 0, 1).To4()}
