@@ -119,6 +119,7 @@ func TestServeRefusesBadConfigBeforeCreatingAnything(t *testing.T) {
 		{"front door without a port", []string{"--front-door", "127.0.0.1"}, "want HOST:PORT"},
 		{"front door on a tenant port", []string{"--front-door", "127.0.0.1:9005", "--port-range", "9000-9010"}, "pick another port"},
 		{"front door on a port in use", []string{"--front-door", busy.Addr().String()}, "stop what listens there"},
+		{"control-plane uid base among users' uids", []string{"--control-plane-uid-base", "1000"}, "--control-plane-uid-base 1000: want 0 (control planes run as root) or at least 65536"},
 		{"front door without a connection limit", []string{"--front-door-max-conns", "0"}, "--front-door-max-conns 0: want 1 to 1048576"},
 		{"front door limit per source above the total", []string{"--front-door", "127.0.0.1:9443", "--front-door-max-conns-per-source", "100", "--front-door-max-conns", "10"}, "--front-door-max-conns-per-source 100: want 1 to the limit from everyone (10)"},
 	}
@@ -150,6 +151,16 @@ func TestServeRefusesBadConfigBeforeCreatingAnything(t *testing.T) {
 		_, errOut, code := run("serve", "--state-dir", state)
 		if code == 0 || !strings.Contains(errOut, `"xen"`) {
 			t.Errorf("exit %d, stderr %q; want the value refused", code, errOut)
+		}
+		if _, err := os.Stat(state); !os.IsNotExist(err) {
+			t.Errorf("a refused serve created %s", state)
+		}
+	})
+	t.Run("state dir tenant uids cannot reach", func(t *testing.T) {
+		state := filepath.Join(t.TempDir(), "s") // the test's temporary dir above is 0700
+		_, errOut, code := run("serve", "--state-dir", state)
+		if code == 0 || !strings.Contains(errOut, "is not searchable by other users") {
+			t.Errorf("exit %d, stderr %q; want the unsearchable directory named", code, errOut)
 		}
 		if _, err := os.Stat(state); !os.IsNotExist(err) {
 			t.Errorf("a refused serve created %s", state)
