@@ -81,10 +81,15 @@ func TestControlPlaneInItsBox(t *testing.T) {
 	}
 	// Its own uid and gid, the daemon's base plus its port, and no other group.
 	uid := tenantuid.DefaultBase + int(d.cluster("ok").Status.Port)
-	for _, want := range []string{fmt.Sprintf("\nUid:\t%d\t%[1]d\t%[1]d\t%[1]d\n", uid), fmt.Sprintf("\nGid:\t%d\t%[1]d\t%[1]d\t%[1]d\n", uid), "\nGroups:\t\n"} {
-		if !strings.Contains(string(status), want) {
-			t.Errorf("ok's control plane %d does not run as its own uid (%q):\n%s", pid, strings.TrimSpace(want), status)
+	fields := map[string]string{}
+	for _, line := range strings.Split(string(status), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			fields[k] = strings.Join(strings.Fields(v), " ")
 		}
+	}
+	ids := fmt.Sprintf("%d %[1]d %[1]d %[1]d", uid)
+	if fields["Uid"] != ids || fields["Gid"] != ids || fields["Groups"] != "" {
+		t.Errorf("ok's control plane %d runs as Uid %q, Gid %q, Groups %q; want %q, %q and none", pid, fields["Uid"], fields["Gid"], fields["Groups"], ids, ids)
 	}
 	cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	group := provider.CgroupName(d.stateDir, "ok")
