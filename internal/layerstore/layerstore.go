@@ -167,10 +167,14 @@ func Open(dir string) (*Store, error) {
 	if err := os.MkdirAll(filepath.Join(abs, "sha256"), 0o755); err != nil {
 		return nil, fmt.Errorf("layer store: %w", err)
 	}
-	// The state dir above is 0700; the store itself is only ever read through it by
-	// root (virtiofsd), but 0755 keeps the layers' own modes meaningful.
-	if err := os.Chmod(abs, 0o755); err != nil {
-		return nil, fmt.Errorf("layer store: %w", err)
+	// The store is read by root (virtiofsd); below these two the layers keep their
+	// own modes (0755). The two are not listable by others: the state dir above is
+	// 0711 when tenants' control planes have uids of their own, and a tenant's must
+	// not find the digests of other tenants' private layers.
+	for _, d := range []string{abs, filepath.Join(abs, "sha256")} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			return nil, fmt.Errorf("layer store: %w", err)
+		}
 	}
 	probe := filepath.Join(abs, ProbeDir)
 	if err := os.MkdirAll(probe, 0o755); err != nil {
