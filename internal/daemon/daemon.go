@@ -308,6 +308,9 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 	if err := tenantuid.ValidateBase(o.ControlPlaneUIDBase); err != nil {
 		return v, fmt.Errorf("--control-plane-uid-base %w", err)
 	}
+	if err := uidRangesApart(o.ControlPlaneUIDBase, int64(o.VMUIDBase)); err != nil {
+		return v, err
+	}
 
 	if _, err := supervisor.ParseUpgrade(string(o.Upgrade)); o.Upgrade != "" && err != nil {
 		return v, fmt.Errorf("--upgrade-strategy: %w", err)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/socialweb-computer/socialweb/internal/controlplane"
+	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
 )
 
 // reachableByTenants checks that a tenant's uid can reach the state dir: every
@@ -70,6 +71,19 @@ func stateDirModes(stateDir string, tenantUIDs bool) error {
 				return fmt.Errorf("setting a seed's mode: %w", err)
 			}
 		}
+	}
+	return nil
+}
+
+// uidRangesApart checks that no control plane's uid (cpBase + a port) can be a
+// VM's (vmBase + a slot): a shared uid would be a wall between them gone.
+func uidRangesApart(cpBase, vmBase int64) error {
+	if cpBase == 0 || vmBase == 0 {
+		return nil
+	}
+	cpTop, vmTop := cpBase+65535, vmBase+qemu.VMUIDSlots-1
+	if cpBase <= vmTop && vmBase <= cpTop {
+		return fmt.Errorf("--control-plane-uid-base %d and --vm-uid-base %d overlap: control planes take %d-%d, VMs %d-%d; move one clear of the other", cpBase, vmBase, cpBase, cpTop, vmBase, vmTop)
 	}
 	return nil
 }

@@ -42,3 +42,24 @@ func TestReachableByTenants(t *testing.T) {
 		})
 	}
 }
+
+func TestUIDRangesApart(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		cp, vm  int64
+		wantErr bool
+	}{
+		{"the defaults", 2_000_000_000, 2_000_100_000, false},
+		{"control planes root", 0, 2_000_100_000, false},
+		{"VMs root", 2_000_000_000, 0, false},
+		{"VMs start inside the control planes' range", 2_000_000_000, 2_000_065_535, true},
+		{"control planes start inside the VMs' range", 2_000_150_000, 2_000_100_000, true},
+		{"just apart", 2_000_000_000, 2_000_065_536, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := uidRangesApart(tc.cp, tc.vm); (err != nil) != tc.wantErr {
+				t.Errorf("uidRangesApart(%d, %d) = %v, want error %v", tc.cp, tc.vm, err, tc.wantErr)
+			}
+		})
+	}
+}
