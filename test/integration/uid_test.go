@@ -79,7 +79,7 @@ func TestRootControlPlanesGetTheirUIDs(t *testing.T) {
 			t.Errorf("%s is uid %d's (%v), want %d's", p, st.Uid, err, uid)
 		}
 	}
-	for _, p := range []string{dir, filepath.Join(dir, "controlplane.json"), filepath.Join(dir, "pki", "ca.key")} {
+	for _, p := range []string{dir, filepath.Join(dir, "controlplane.json"), filepath.Join(dir, "pki", "server-ca.key")} {
 		var st syscall.Stat_t
 		if err := syscall.Lstat(p, &st); err != nil || st.Uid != 0 || int(st.Gid) != uid || st.Mode&0o027 != 0 {
 			t.Errorf("%s: uid %d gid %d mode %o (%v), want root's, group %d, not group-writable, nothing for others", p, st.Uid, st.Gid, st.Mode&0o777, err, uid)

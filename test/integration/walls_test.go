@@ -145,7 +145,7 @@ func TestControlPlaneInItsBox(t *testing.T) {
 	okDir, smallDir := provider.ClusterDir(d.stateDir, "ok"), provider.ClusterDir(d.stateDir, "small")
 	for _, tc := range []struct{ what, script string }{
 		{"read its own config", "cat " + filepath.Join(okDir, "controlplane.json")},
-		{"read its own CA key", "cat " + filepath.Join(okDir, "pki", "ca.key")},
+		{"read its own CA key", "cat " + filepath.Join(okDir, "pki", "server-ca.key")},
 		{"write its run dir", "echo x > " + filepath.Join(okDir, "run", "probe") + " && rm " + filepath.Join(okDir, "run", "probe")},
 	} {
 		if out, err := asUID(uid, tc.script); err != nil {
@@ -153,12 +153,12 @@ func TestControlPlaneInItsBox(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct{ what, script string }{
-		{"read small's CA key", "cat " + filepath.Join(smallDir, "pki", "ca.key")},
+		{"read small's CA key", "cat " + filepath.Join(smallDir, "pki", "server-ca.key")},
 		{"list small's run dir", "ls " + filepath.Join(smallDir, "run")},
 		{"read small's datastore", "cat " + filepath.Join(smallDir, "run", "state.db")},
 		{"list the clusters", "ls " + filepath.Join(d.stateDir, "clusters")},
 		{"list the state dir", "ls " + d.stateDir},
-		{"read the management API's keys", "cat " + filepath.Join(d.stateDir, "mgmt", "pki", "ca.key")},
+		{"read the management API's keys", "cat " + filepath.Join(d.stateDir, "mgmt", "pki", "server-ca.key")},
 		{"write its own config", "echo '{}' >> " + filepath.Join(okDir, "controlplane.json")},
 		{"remove its own config", "rm -f " + filepath.Join(okDir, "controlplane.json")},
 		{"make a file beside its config", "touch " + filepath.Join(okDir, "instance.json.tmp")},
