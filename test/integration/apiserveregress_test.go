@@ -93,7 +93,7 @@ func TestApiserverCannotReachTheHostsLAN(t *testing.T) {
 	}
 	// It was the egress proxy that said no, for that address (the apiserver may not dial
 	// again for the second attempt, so at least once).
-	log, err := os.ReadFile(filepath.Join(d.stateDir, "clusters", "egress", "controlplane.log"))
+	log, err := os.ReadFile(filepath.Join(d.stateDir, "clusters", "egress", "run", "controlplane.log"))
 	if err != nil {
 		t.Fatal(err)
 	}

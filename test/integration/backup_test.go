@@ -326,8 +326,10 @@ func TestBackupRestorePostgres(t *testing.T) {
 	if got := d.cluster("pgkeep").Spec.Datastore; got != "postgres" {
 		t.Errorf("restored spec.datastore = %q, want postgres", got)
 	}
-	if _, err := os.Stat(filepath.Join(d.stateDir, "clusters", "pgkeep", "state.db")); err == nil {
-		t.Error("the backup's sqlite file stayed in the cluster dir after it was loaded into postgres")
+	for _, p := range []string{"state.db", "run/state.db"} {
+		if _, err := os.Stat(filepath.Join(d.stateDir, "clusters", "pgkeep", p)); err == nil {
+			t.Errorf("the backup's sqlite file stayed in the cluster dir (%s) after it was loaded into postgres", p)
+		}
 	}
 	checkRestored(t, ctx, d, "pgkeep", st, "")
 }

@@ -330,7 +330,7 @@ func TestDeleteReleasesPortAndFiles(t *testing.T) {
 // bootstrap objects and system PriorityClasses.
 func assertBootstrapLikeManagement(t *testing.T, d *daemon, tenant string) {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(d.stateDir, "clusters", tenant, "seeded")); err != nil {
+	if _, err := os.Stat(filepath.Join(d.stateDir, "clusters", tenant, "run", "seeded")); err != nil {
 		t.Errorf("%s was not seeded from the management API's seed: %v", tenant, err)
 	}
 	mcfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(d.stateDir, "admin.kubeconfig"))
