@@ -20,6 +20,7 @@ import (
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/datastore"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
+	"github.com/socialweb-computer/socialweb/internal/tenantuid"
 )
 
 // ownNetworks is serve's extra args with node networks of these tests' own: another
@@ -121,10 +122,18 @@ func checkRestored(t *testing.T, ctx context.Context, d *daemon, name string, st
 	if len(keys) < 4 {
 		t.Errorf("restored PKI holds keys %v", keys)
 	}
+	// Root's, readable by the restored control plane's gid alone (tenantuid).
+	gid := tenantuid.DefaultBase + int(d.cluster(name).Status.Port)
 	for _, p := range keys {
-		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
-			t.Errorf("%s: mode %v (%v), want 0600", p, fi.Mode().Perm(), err)
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil || st.Mode&0o777 != 0o640 || st.Uid != 0 || int(st.Gid) != gid {
+			t.Errorf("%s: mode %o uid %d gid %d (%v), want 0640, root's, group %d", p, st.Mode&0o777, st.Uid, st.Gid, err, gid)
 		}
+	}
+	// A restored sqlite datastore was moved into the run dir and given to the uid.
+	var db syscall.Stat_t
+	if err := syscall.Lstat(filepath.Join(d.stateDir, "clusters", name, "run", "state.db"), &db); err == nil && int(db.Uid) != gid {
+		t.Errorf("the restored run/state.db is uid %d's, want %d's", db.Uid, gid)
 	}
 	nodes, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil || len(nodes.Items) != 0 {
