@@ -650,6 +650,9 @@ func (p *Provider) undoCreate(inst *instance, tapAdded bool) {
 		_ = inst.vproc.Kill()
 		<-inst.vdone
 	}
+	// Its group too, once nothing runs in it (a Create cancelled after qemu started,
+	// as at a daemon's stop, had left it).
+	p.unjail(inst)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if tapAdded {
