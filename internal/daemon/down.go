@@ -72,6 +72,13 @@ func Down(ctx context.Context, stateDir string, nets *nodenet.Manager, log *slog
 		return rep, errors.Join(append(errs, err)...)
 	}
 
+	// The control planes are stopped: their walls go (the nodes' are their networks').
+	for _, port := range clusterPorts(stateDir) {
+		if err := nets.UnwallControlPlane(ctx, port); err != nil {
+			errs = append(errs, err)
+		}
+	}
+
 	plans, err := clusterPlans(stateDir)
 	if err != nil {
 		errs = append(errs, err)
@@ -96,6 +103,20 @@ func Down(ctx context.Context, stateDir string, nets *nodenet.Manager, log *slog
 		rep.Networks = append(rep.Networks, nodenet.BridgeName(plans[n].Index))
 	}
 	return rep, errors.Join(errs...)
+}
+
+// clusterPorts are the apiserver ports of the state dir's clusters, read from their
+// control-plane configs: each names its control plane's wall. An unreadable config
+// is clusterPlans' to report.
+func clusterPorts(stateDir string) []int {
+	configs, _ := filepath.Glob(filepath.Join(stateDir, "clusters", "*", controlplane.ConfigFile))
+	var ports []int
+	for _, path := range configs {
+		if c, err := controlplane.ReadConfig(path); err == nil && c.Port > 0 {
+			ports = append(ports, c.Port)
+		}
+	}
+	return ports
 }
 
 // clusterPlans maps each cluster of the state dir to its node network, read from its

@@ -6,8 +6,12 @@ package datastore
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"net/url"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -76,4 +80,45 @@ func redact(raw string) string {
 		return raw
 	}
 	return u.Redacted()
+}
+
+// Servers are the addresses a kine endpoint (what Ensure returned) dials: a
+// postgres endpoint's host and port (5432 when it names none), its names resolved
+// now; none for sqlite or a unix socket. A control plane's kernel wall lets it
+// reach these and nothing else of the host's network.
+func Servers(ctx context.Context, endpoint string) ([]netip.AddrPort, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return nil, nil // sqlite: a file
+	}
+	var out []netip.AddrPort
+	// pgx takes several hosts, comma-separated, for failover.
+	for _, hp := range strings.Split(u.Host, ",") {
+		if hp == "" {
+			continue
+		}
+		host, port := hp, "5432"
+		if h, p, err := net.SplitHostPort(hp); err == nil {
+			host, port = h, p
+		}
+		host = strings.Trim(host, "[]")
+		if strings.HasPrefix(host, "/") {
+			continue // a unix socket's directory
+		}
+		n, err := strconv.ParseUint(port, 10, 16)
+		if err != nil || n == 0 {
+			return nil, fmt.Errorf("datastore %s: port %q is not a TCP port", redact(endpoint), port)
+		}
+		addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		if err != nil {
+			return nil, fmt.Errorf("datastore %s: resolving %s: %w", redact(endpoint), host, err)
+		}
+		for _, a := range addrs {
+			ap := netip.AddrPortFrom(a.Unmap(), uint16(n))
+			if !slices.Contains(out, ap) {
+				out = append(out, ap)
+			}
+		}
+	}
+	return out, nil
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -185,5 +187,37 @@ func TestPostgresRolePerControlPlane(t *testing.T) {
 	var n int
 	if err := adb.QueryRowContext(ctx, "SELECT count(*) FROM pg_roles WHERE rolname = $1", DatabaseName(a)).Scan(&n); err != nil || n != 0 {
 		t.Errorf("role %s left after Remove (%d, %v)", DatabaseName(a), n, err)
+	}
+}
+
+// The servers a kine endpoint dials are what its control plane's wall lets it reach.
+func TestServers(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	for _, tc := range []struct {
+		name, endpoint string
+		want           []netip.AddrPort
+		wantErr        string
+	}{
+		{"sqlite", "sqlite:///var/lib/socialweb/clusters/a/run/state.db?_journal_mode=WAL", nil, ""},
+		{"postgres", "postgres://r:p@127.0.0.1:5433/socialweb_t_a?sslmode=disable", []netip.AddrPort{ap("127.0.0.1:5433")}, ""},
+		{"default port", "postgresql://r:p@127.0.0.1/socialweb_t_a", []netip.AddrPort{ap("127.0.0.1:5432")}, ""},
+		{"IPv6", "postgres://r:p@[::1]:5432/db", []netip.AddrPort{ap("[::1]:5432")}, ""},
+		{"IPv6 without a port", "postgres://r:p@[2001:db8::5]/db", []netip.AddrPort{ap("[2001:db8::5]:5432")}, ""},
+		{"several hosts", "postgres://r:p@10.0.0.5:5432,10.0.0.6:5433/db", []netip.AddrPort{ap("10.0.0.5:5432"), ap("10.0.0.6:5433")}, ""},
+		{"a unix socket", "postgres://r:p@%2Fvar%2Frun%2Fpostgresql/db", nil, ""},
+		{"a bad port", "postgres://r:p@10.0.0.5:0/db", nil, "not a TCP port"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Servers(context.Background(), tc.endpoint)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || strings.Contains(err.Error(), ":p@") {
+					t.Fatalf("err = %v, want %q without the password", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tc.want) {
+				t.Errorf("Servers = %v, %v; want %v", got, err, tc.want)
+			}
+		})
 	}
 }

@@ -30,6 +30,8 @@ type Manager struct {
 	// ensured names the cluster of each index this Manager ensured: the
 	// metrics report those tables only, not another daemon's.
 	ensured map[int]string
+	// walled names the cluster of each control plane (by port) this Manager walled.
+	walled map[int]string
 	// collectErr is the last error of a metrics scrape, logged when it changes.
 	collectErr string
 }
@@ -43,7 +45,7 @@ func NewManager(run Runner, log *slog.Logger) *Manager {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Manager{run: run, log: log, ensured: map[int]string{}}
+	return &Manager{run: run, log: log, ensured: map[int]string{}, walled: map[int]string{}}
 }
 
 // Tap is a node's tap device; MAC is for the guest's NIC

@@ -124,6 +124,12 @@ type Networks interface {
 	Ensure(ctx context.Context, cluster string, plan nodenet.Plan, served nodenet.Served, narrow nodenet.Narrowing) error
 	// Remove deletes them; removing what is gone is not an error.
 	Remove(ctx context.Context, cluster string, plan nodenet.Plan) error
+	// WallControlPlane writes the kernel's wall around the new connections of a
+	// control plane's uid; idempotent. UnwallControlPlane removes it (by its
+	// apiserver port) once the process is gone; removing what is gone is not an
+	// error.
+	WallControlPlane(ctx context.Context, cluster string, reach nodenet.ControlPlaneReach, narrow nodenet.Narrowing) error
+	UnwallControlPlane(ctx context.Context, port int) error
 }
 
 // Provider reconciles Cluster objects. Run it once.
@@ -768,8 +774,17 @@ func (p *Provider) start(c *v1.Cluster, l lease.Lease, g *sleep.Gate) error {
 	if !owner.Root() {
 		spec.Credential = &syscall.Credential{Uid: uint32(owner.UID), Gid: uint32(owner.GID)}
 	}
-	// Before each run, none running: an older daemon's files move into the run dir.
-	spec.BeforeStart = func() error { return layOutRunDir(dir, owner) }
+	// Before each run, none running: an older daemon's files move into the run dir,
+	// and the kernel's wall is (written again) in place: no run of it goes unwalled,
+	// a restart after a crash included.
+	spec.BeforeStart = func() error {
+		if err := layOutRunDir(dir, owner); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return p.wallControlPlane(ctx, p.latest(c), l)
+	}
 	if spec.Fingerprint, err = Fingerprint(p.cfg.ExecutableDigest, spec.Args, spec.Env, configPath, owner); err != nil {
 		return err
 	}
@@ -972,10 +987,66 @@ func (p *Provider) ensureNetwork(ctx context.Context, c *v1.Cluster, l lease.Lea
 	if err := p.cfg.NodeNetworks.Ensure(ctx, cluster, plan, served, narrow); err != nil {
 		return err
 	}
+	// Its control plane's reach follows the egress (the internet or not).
+	if err := p.wallControlPlane(ctx, c, l); err != nil {
+		return err
+	}
 	p.failMu.Lock()
 	p.egressApplied[cluster] = egressKey(c.Spec)
 	p.failMu.Unlock()
 	return nil
+}
+
+// latest is the cached Cluster named as c is (its egress may have changed since
+// c was read), or c.
+func (p *Provider) latest(c *v1.Cluster) *v1.Cluster {
+	if p.lister == nil {
+		return c
+	}
+	obj, err := p.lister.Get(c.Name)
+	if err != nil {
+		return c
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return c
+	}
+	if got, err := v1.FromUnstructured(u); err == nil {
+		return got
+	}
+	return c
+}
+
+// wallControlPlane writes the kernel's wall around the new connections of c's
+// control plane (nodenet.ControlPlaneRuleset): its loopback port, its nodes and
+// Pods, its datastore server and, as its egress says, the internet. A control
+// plane that runs as root (uid base 0), or a host without node networks, has
+// only the apiserver's egress proxy.
+func (p *Provider) wallControlPlane(ctx context.Context, c *v1.Cluster, l lease.Lease) error {
+	owner, err := p.owner(l)
+	if err != nil || owner.Root() || p.cfg.NodeNetworks == nil {
+		return err
+	}
+	reach := nodenet.ControlPlaneReach{UID: owner.UID, Port: l.Port}
+	if l.HasNetwork() {
+		plan, err := nodenet.ForIndex(l.Network)
+		if err != nil {
+			return err
+		}
+		reach.Plan = &plan
+	}
+	cfg, err := controlplane.ReadConfig(filepath.Join(ClusterDir(p.cfg.StateDir, c.Name), controlplane.ConfigFile))
+	if err != nil {
+		return fmt.Errorf("walling the control plane of %s: %w", c.Name, err)
+	}
+	if reach.Datastore, err = datastore.Servers(ctx, cfg.Datastore); err != nil {
+		return fmt.Errorf("walling the control plane of %s: %w", c.Name, err)
+	}
+	if reach.Resolvers, err = nodenet.HostResolvers("/etc/resolv.conf"); err != nil {
+		return fmt.Errorf("walling the control plane of %s: %w", c.Name, err)
+	}
+	narrow, _ := EgressNarrowing(c.Spec) // invalid: nothing forwarded (ensureNetwork logs it)
+	return p.cfg.NodeNetworks.WallControlPlane(ctx, c.Name, reach, narrow)
 }
 
 // EgressNarrowing is what spec takes away from the host's egress policy. An invalid
@@ -997,9 +1068,15 @@ func egressKey(spec v1.ClusterSpec) string {
 }
 
 // removeNetwork deletes the cluster's node network (bridge, addresses, rules),
-// if its lease holds one.
+// if its lease holds one, and the wall of its control plane, which is stopped.
 func (p *Provider) removeNetwork(ctx context.Context, cluster string, l *lease.Lease) error {
-	if l == nil || !l.HasNetwork() || p.cfg.NodeNetworks == nil {
+	if l == nil || p.cfg.NodeNetworks == nil {
+		return nil
+	}
+	if err := p.cfg.NodeNetworks.UnwallControlPlane(ctx, l.Port); err != nil {
+		return err
+	}
+	if !l.HasNetwork() {
 		return nil
 	}
 	plan, err := nodenet.ForIndex(l.Network)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/controlplane"
 	"github.com/socialweb-computer/socialweb/internal/lease"
 	"github.com/socialweb-computer/socialweb/internal/livetest"
 	"github.com/socialweb-computer/socialweb/internal/nodenet"
@@ -27,6 +29,7 @@ import (
 	"github.com/socialweb-computer/socialweb/internal/pki"
 	"github.com/socialweb-computer/socialweb/internal/sleep"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
+	"github.com/socialweb-computer/socialweb/internal/tenantuid"
 )
 
 // What observe reports of sleep, from the Cluster and the daemon's default: a
@@ -73,6 +76,20 @@ type recordingNetworks struct {
 	ensured, removed []int
 	served           []nodenet.Served
 	narrowed         []nodenet.Narrowing
+	walls            []nodenet.ControlPlaneReach
+	wallNarrowed     []nodenet.Narrowing
+	unwalled         []int // ports
+}
+
+func (r *recordingNetworks) WallControlPlane(_ context.Context, _ string, reach nodenet.ControlPlaneReach, narrow nodenet.Narrowing) error {
+	r.walls = append(r.walls, reach)
+	r.wallNarrowed = append(r.wallNarrowed, narrow)
+	return nil
+}
+
+func (r *recordingNetworks) UnwallControlPlane(_ context.Context, port int) error {
+	r.unwalled = append(r.unwalled, port)
+	return nil
 }
 
 func (r *recordingNetworks) Ensure(_ context.Context, _ string, plan nodenet.Plan, served nodenet.Served, narrow nodenet.Narrowing) error {
@@ -97,6 +114,55 @@ func TestEnsureNetworkServesTheLease(t *testing.T) {
 	}
 	if !reflect.DeepEqual(nets.narrowed, []nodenet.Narrowing{{}}) || p.egressApplied["c"] != egressKey(c.Spec) {
 		t.Errorf("narrowed %+v (applied %q), want nothing narrowed, recorded", nets.narrowed, p.egressApplied["c"])
+	}
+}
+
+// A control plane under a uid of its own is walled when its network is ensured:
+// its uid and port, its nodes, its datastore server, the cluster's narrowing. One
+// that runs as root has no wall (the kernel cannot tell it from the daemon).
+func TestEnsureNetworkWallsTheControlPlane(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		uidBase   int64
+		datastore string
+		spec      v1.ClusterSpec
+		want      []nodenet.ControlPlaneReach
+		narrow    []nodenet.Narrowing
+	}{
+		{"root: no wall", 0, "sqlite:///x/state.db", v1.ClusterSpec{}, nil, nil},
+		{"sqlite", tenantuid.DefaultBase, "sqlite:///x/state.db", v1.ClusterSpec{},
+			[]nodenet.ControlPlaneReach{{UID: tenantuid.DefaultBase + 7512, Port: 7512}}, []nodenet.Narrowing{{}}},
+		{"postgres, egress none", tenantuid.DefaultBase, "postgres://r:p@127.0.0.1:5433/socialweb_t_c", v1.ClusterSpec{Egress: v1.EgressNone},
+			[]nodenet.ControlPlaneReach{{UID: tenantuid.DefaultBase + 7512, Port: 7512, Datastore: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:5433")}}},
+			[]nodenet.Narrowing{{None: true}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := controlplane.Config{Name: "c", Dir: ClusterDir(dir, "c"), Port: 7512, Datastore: tc.datastore, Components: []string{controlplane.APIServer}}
+			if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := cfg.Write(); err != nil {
+				t.Fatal(err)
+			}
+			nets := &recordingNetworks{}
+			p := &Provider{cfg: Config{NodeNetworks: nets, StateDir: dir, UIDBase: tc.uidBase}, egressApplied: map[string]string{}, log: slog.New(slog.DiscardHandler)}
+			c := &v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "c"}, Spec: tc.spec}
+			if err := p.ensureNetwork(context.Background(), c, lease.Lease{Port: 7512, Network: 5}); err != nil {
+				t.Fatal(err)
+			}
+			plan, _ := nodenet.ForIndex(5)
+			for i := range tc.want {
+				tc.want[i].Plan = &plan
+			}
+			// The resolvers are the host's: not compared.
+			for i := range nets.walls {
+				nets.walls[i].Resolvers = nil
+			}
+			if !reflect.DeepEqual(nets.walls, tc.want) || !reflect.DeepEqual(nets.wallNarrowed, tc.narrow) {
+				t.Errorf("walled %+v narrowed %+v; want %+v narrowed %+v", nets.walls, nets.wallNarrowed, tc.want, tc.narrow)
+			}
+		})
 	}
 }
 
@@ -187,6 +253,9 @@ func TestGoToSleepKeepsOnlyThePort(t *testing.T) {
 	}
 	if !slices.Equal(nets.removed, []int{5}) || len(nets.ensured) != 0 {
 		t.Errorf("networks removed %v, made %v; want network 5 removed and none made", nets.removed, nets.ensured)
+	}
+	if !slices.Equal(nets.unwalled, []int{port}) || len(nets.walls) != 0 {
+		t.Errorf("control-plane walls removed %v, written %v; want the one of port %d removed, none written", nets.unwalled, nets.walls, port)
 	}
 	got, err := p.leases.Get(ctx, "ci")
 	if err != nil || got == nil || got.Port != port || got.HasNetwork() {
