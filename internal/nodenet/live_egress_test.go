@@ -3,14 +3,17 @@ package nodenet
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -190,6 +193,10 @@ func TestLiveEgressWalls(t *testing.T) {
 	)
 	denied("internet", 3, 2)
 
+	// A tenant control plane's uid, walled by the kernel: what a taken-over
+	// apiserver (or a dial that never went through its egress proxy) reaches.
+	controlPlaneWall(t, m, pe, apiPort, otherPort)
+
 	// A node that forges a source not its cluster's (another cluster's node, say) gets
 	// nothing forwarded: dropped before the egress policy, and counted.
 	spoof := "10.250.193.9" // in the range of another cluster's node network
@@ -288,4 +295,119 @@ func TestLiveEgressWalls(t *testing.T) {
 	if after != before {
 		t.Errorf("host state changed.\nbefore:\n%s\nafter:\n%s", before, after)
 	}
+}
+
+// dialAsUID connects to addr from the host as uid (and gid uid): a tenant's control
+// plane, taken over, opening a connection. It returns what the server says.
+func dialAsUID(uid int, addr string, timeout time.Duration) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", `exec 3<>"/dev/tcp/$0/$1" && cat <&3`, host, port)
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid), Groups: []uint32{}}}
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.String(), nil
+}
+
+// controlPlaneWall attacks a control plane's wall from a process under its uid, on
+// the host the stand-ins of TestLiveEgressWalls surround: its own loopback port, its
+// nodes and the internet answer; another port on loopback (another tenant's apiserver,
+// a host service), its gateway, the LAN, the metadata address and a network of the
+// host's own refuse at once, and are counted. The host (root) still reaches the LAN:
+// the wall is the uid's. With egress none the internet goes too; unwalled, the LAN
+// answers the uid again: the table is what refused it.
+func controlPlaneWall(t *testing.T, m *Manager, pe Plan, apiPort, otherPort int) {
+	t.Helper()
+	ctx := context.Background()
+	uid := 2_000_000_000 + apiPort
+	table := ControlPlaneTable(apiPort)
+	t.Cleanup(func() { shQuiet("nft", "delete", "table", "inet", table) })
+	gw, node := pe.Gateway.String(), NodeAddress(pe, 11).String()
+	own := net.JoinHostPort("127.0.0.1", strconv.Itoa(apiPort))
+	peerServer(t, "", own)
+	peerServer(t, "swe-node", node+":8080")
+	lan, meta, hostNet, inet := lanIP+":8080", metaIP+":80", hostNetIP+":8080", inetIP+":8080"
+
+	reach := func(what, addr, wantPeer string) {
+		t.Helper()
+		if got, err := dialAsUID(uid, addr, 5*time.Second); err != nil || got != wantPeer {
+			t.Errorf("control plane: %s: got %q, %v; want the server at %s to see %s", what, got, err, addr, wantPeer)
+		}
+	}
+	refused := func(attempts ...[2]string) {
+		t.Helper()
+		for _, a := range attempts {
+			start := time.Now()
+			got, err := dialAsUID(uid, a[1], 5*time.Second)
+			switch {
+			case err == nil:
+				t.Errorf("control plane: %s: %s connected (the server saw %q)", a[0], a[1], got)
+			case !strings.Contains(err.Error(), "refused") && !strings.Contains(err.Error(), "No route to host"):
+				t.Errorf("control plane: %s: %s: %v, want refused at once", a[0], a[1], err)
+			case time.Since(start) > 3*time.Second:
+				t.Errorf("control plane: %s: %s took %s to fail: want a refusal, not a timeout", a[0], a[1], time.Since(start))
+			}
+		}
+	}
+	wall := func(n Narrowing) {
+		t.Helper()
+		if err := m.WallControlPlane(ctx, "egress", ControlPlaneReach{UID: uid, Port: apiPort, Plan: &pe}, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	wall(Narrowing{})
+	reach("its own port on loopback", own, "127.0.0.1")
+	reach("a node", node+":8080", gw)
+	reach("the internet", inet, inetHost)
+	refused(
+		[2]string{"another port on loopback (another tenant's apiserver, a host service)", net.JoinHostPort("127.0.0.1", strconv.Itoa(otherPort))},
+		[2]string{"its gateway: the host", net.JoinHostPort(gw, strconv.Itoa(apiPort))},
+		[2]string{"the LAN", lan},
+		[2]string{"the metadata address", meta},
+		[2]string{"a network of the host's own", hostNet},
+	)
+	if got, err := dialHost(lan, 3*time.Second); err != nil || got != lanHost {
+		t.Errorf("the host itself (root) reaches the LAN: %q, %v; want it seen as %s", got, err, lanHost)
+	}
+	if c, err := m.ControlPlaneDenied(ctx); err != nil || c[apiPort] < 5 {
+		t.Errorf("the wall counted %v (%v) for port %d, want >= 5", c, err, apiPort)
+	}
+
+	// The cluster's egress none: its nodes, not the internet.
+	wall(Narrowing{None: true})
+	reach("egress none: a node", node+":8080", gw)
+	refused([2]string{"egress none: the internet", inet})
+
+	// Unwalled, the uid reaches the LAN again: the wall was what refused it.
+	for range 2 { // removing what is gone is not an error
+		if err := m.UnwallControlPlane(ctx, apiPort); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out := sh(t, "nft", "list", "tables"); strings.Contains(out, table+"\n") {
+		t.Errorf("table %s left after UnwallControlPlane:\n%s", table, out)
+	}
+	reach("unwalled: the LAN", lan, lanHost)
+}
+
+// dialHost connects from the host, as this (root) process, and returns what the
+// server says.
+func dialHost(addr string, timeout time.Duration) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	b, err := io.ReadAll(c)
+	return string(b), err
 }
