@@ -22,7 +22,7 @@ func newDownCommand(g *globalOptions) *cobra.Command {
 		Long: `down stops everything a daemon of --state-dir leaves on the host once the daemon
 is gone: node VMs (which survive the daemon so that the next serve adopts them),
 control-plane processes that outlived it, and each cluster's bridge, taps, pod routes
-and nftables table. The clusters themselves stay in the state dir: the next serve
+and nftables tables (the nodes' and the control plane's). The clusters themselves stay in the state dir: the next serve
 brings them back at zero nodes. It refuses, changing nothing, while a daemon serves
 the state dir.`,
 		Args: cobra.NoArgs,

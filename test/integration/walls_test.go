@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -168,6 +169,46 @@ func TestControlPlaneInItsBox(t *testing.T) {
 			t.Errorf("ok's uid could %s (%v): %s", tc.what, err, out)
 		}
 	}
+	// What ok's uid can connect to: the kernel's wall (nodenet.ControlPlaneRuleset),
+	// under the apiserver's egress proxy, which a shell as the uid never goes through.
+	okPort, smallPort := int(d.cluster("ok").Status.Port), int(d.cluster("small").Status.Port)
+	lan := livetest.NewPeer(t)
+	lanLn := lan.Listen(t, 8080)
+	go func() {
+		for {
+			c, err := lanLn.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	connect := func(addr string) (string, error) {
+		host, port, _ := strings.Cut(addr, ":")
+		return asUID(uid, fmt.Sprintf(`timeout 5 bash -c 'exec 3<>/dev/tcp/%s/%s'`, host, port))
+	}
+	if out, err := connect(fmt.Sprintf("127.0.0.1:%d", okPort)); err != nil {
+		t.Errorf("ok's uid cannot connect to its own apiserver on 127.0.0.1:%d: %v: %s", okPort, err, out)
+	}
+	if c, err := net.DialTimeout("tcp", lan.Addr.String()+":8080", 5*time.Second); err != nil {
+		t.Fatalf("the host cannot reach the LAN stand-in (%v): the test would prove nothing", err)
+	} else {
+		c.Close()
+	}
+	for _, tc := range []struct{ what, addr string }{
+		{"small's apiserver", fmt.Sprintf("127.0.0.1:%d", smallPort)},
+		{"the management API", fmt.Sprintf("127.0.0.1:%d", d.apiPort)},
+		{"the host's LAN", lan.Addr.String() + ":8080"},
+	} {
+		out, err := connect(tc.addr)
+		if err == nil || !strings.Contains(out, "refused") {
+			t.Errorf("ok's uid connecting to %s (%s): %v: %q; want refused", tc.what, tc.addr, err, out)
+		}
+	}
+	if out := runOK(t, 30*time.Second, "nft", "list", "table", "inet", fmt.Sprintf("socialweb-cp-%d", okPort)); !strings.Contains(out, fmt.Sprintf("meta skuid %d ct state new jump wall", uid)) {
+		t.Errorf("ok's wall does not match its uid %d:\n%s", uid, out)
+	}
+
 	// A symlink it plants where the daemon appends (its log) is not followed: the
 	// run fails to start, says why, and the file the link names is untouched.
 	victim := filepath.Join(t.TempDir(), "victim")
@@ -195,6 +236,10 @@ func TestControlPlaneInItsBox(t *testing.T) {
 		return d.cluster("ok").Status.Phase == v1.PhaseReady
 	})
 	d.mustCLI("cluster", "delete", "small", "--wait")
+	if out := runOK(t, 30*time.Second, "nft", "list", "tables"); strings.Contains(out, fmt.Sprintf("socialweb-cp-%d\n", smallPort)) ||
+		!strings.Contains(out, fmt.Sprintf("socialweb-cp-%d\n", okPort)) {
+		t.Errorf("after small's delete, want its wall gone and ok's kept:\n%s", out)
+	}
 	for _, dir := range []string{filepath.Join("/sys/fs/cgroup/socialweb", provider.CgroupName(d.stateDir, "small")),
 		filepath.Join("/sys/fs/cgroup/memory/socialweb", provider.CgroupName(d.stateDir, "small"))} {
 		if _, err := os.Stat(dir); err == nil {
