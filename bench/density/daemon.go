@@ -58,6 +58,7 @@ func startDaemon(ctx context.Context, o options, sleep bool, log *slog.Logger) (
 	if sleep {
 		args = append(args, "--default-sleep-after", o.sleepAfter.String())
 	}
+	args = append(args, o.serveArgs...)
 	logf, err := os.Create(d.logPath)
 	if err != nil {
 		_ = removeAll(state)

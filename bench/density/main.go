@@ -27,7 +27,12 @@
 //
 //	go run ./bench/density -bin bin/socialweb [-tenants 1000] [-awake 10] [-mode both|awake|sleep]
 //	    [-concurrency 4] [-wake-samples 20] [-reserve-mib 2048] [-sleep-after 30s] [-settle 30s]
-//	    [-sleep-timeout 20m] [-keep-logs]
+//	    [-sleep-timeout 20m] [-keep-logs] [-serve-arg --cgroup-parent= ...]
+//
+// -serve-arg adds one flag to each daemon's serve command line (repeatable): the
+// daemon gets no SOCIALWEB_* variable from the bench's environment, so a flag is the
+// way to run it otherwise (bench/walls.sh runs it without cgroups with
+// -serve-arg=--cgroup-parent=).
 package main
 
 import (
@@ -55,6 +60,7 @@ type options struct {
 	settle       time.Duration
 	sleepTimeout time.Duration
 	keepLogs     bool
+	serveArgs    []string
 }
 
 func main() {
@@ -70,6 +76,10 @@ func main() {
 	flag.DurationVar(&o.settle, "settle", 30*time.Second, "idle time before memory is read (after the last create; in sleep mode after all but K sleep)")
 	flag.DurationVar(&o.sleepTimeout, "sleep-timeout", 20*time.Minute, "how long to wait for all but K tenants to be Asleep")
 	flag.BoolVar(&o.keepLogs, "keep-logs", false, "keep each daemon's log (/tmp/socialweb-density-*.log)")
+	flag.Func("serve-arg", "one more flag for each daemon's serve, as one argument (repeatable; e.g. -serve-arg=--cgroup-parent= for control planes without cgroups)", func(s string) error {
+		o.serveArgs = append(o.serveArgs, s)
+		return nil
+	})
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := o.validate(); err != nil {
