@@ -297,14 +297,10 @@ func (p *Provider) processNext(ctx context.Context) bool {
 // reconcile observes, plans and acts until the plan has nothing left to do
 // (or an op fails), then writes the status.
 func (p *Provider) reconcile(ctx context.Context, name string) (time.Duration, error) {
-	obj, err := p.lister.Get(name)
+	c, err := p.cached(name)
 	if apierrors.IsNotFound(err) {
 		return 0, nil
 	}
-	if err != nil {
-		return 0, err
-	}
-	c, err := v1.FromUnstructured(obj.(*unstructured.Unstructured))
 	if err != nil {
 		return 0, err
 	}
@@ -997,21 +993,26 @@ func (p *Provider) ensureNetwork(ctx context.Context, c *v1.Cluster, l lease.Lea
 	return nil
 }
 
+// cached is the Cluster name in the informer's cache.
+func (p *Provider) cached(name string) (*v1.Cluster, error) {
+	obj, err := p.lister.Get(name)
+	if err != nil {
+		return nil, err
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return nil, fmt.Errorf("cluster %s in the cache is a %T", name, obj)
+	}
+	return v1.FromUnstructured(u)
+}
+
 // latest is the cached Cluster named as c is (its egress may have changed since
 // c was read), or c.
 func (p *Provider) latest(c *v1.Cluster) *v1.Cluster {
 	if p.lister == nil {
 		return c
 	}
-	obj, err := p.lister.Get(c.Name)
-	if err != nil {
-		return c
-	}
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return c
-	}
-	if got, err := v1.FromUnstructured(u); err == nil {
+	if got, err := p.cached(c.Name); err == nil {
 		return got
 	}
 	return c
