@@ -75,6 +75,9 @@ const (
 	// started: False (ReasonBadIdleSchedule) when it does not parse, and then no idle
 	// nodes are kept; True once a later start reads it. Absent while it never failed.
 	ConditionIdleSchedule = "IdleSchedule"
+	// ConditionPlaced says which host runs the cluster and why there (its reason
+	// Placed, Adopted or Unplaceable; the message is placement's reason).
+	ConditionPlaced = "Placed"
 )
 
 // ReasonBadIdleSchedule: spec.idleSchedule does not parse (a zone the tz database does
@@ -160,6 +163,9 @@ type ClusterSpec struct {
 // ClusterStatus is what the daemon observed and did.
 type ClusterStatus struct {
 	Phase Phase `json:"phase,omitempty"`
+	// Host is the host that runs the control plane and the nodes: the holder of the
+	// cluster's Lease in the management API.
+	Host string `json:"host,omitempty"`
 	// URL is the tenant apiserver's address on the host loopback.
 	URL string `json:"url,omitempty"`
 	// Port is the leased apiserver port; it stays the same for the cluster's life.

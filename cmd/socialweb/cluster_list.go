@@ -18,7 +18,7 @@ func newClusterListCommand(g *globalOptions) *cobra.Command {
 	var out output
 	cmd := &cobra.Command{
 		Use:   "list [-o json|yaml|wide]",
-		Short: "List tenant clusters: name, phase, URL, nodes, age",
+		Short: "List tenant clusters: name, phase, URL, nodes, age, host",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -70,19 +70,20 @@ func clusterListObject(list *unstructured.UnstructuredList) map[string]any {
 func writeClusterTable(w io.Writer, cs []v1.Cluster, wide bool, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
 	if !wide {
-		// These five columns are what scripts parse (bench/density): keep them as they are.
-		fmt.Fprintln(tw, "NAME\tPHASE\tURL\tNODES\tAGE")
+		// These five columns are what scripts parse (bench/density): keep them as
+		// they are, and add new ones after them.
+		fmt.Fprintln(tw, "NAME\tPHASE\tURL\tNODES\tAGE\tHOST")
 		for _, c := range cs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", c.Name, c.Status.Phase, c.Status.URL, c.Status.Nodes, age(c.CreationTimestamp.Time, now))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", c.Name, c.Status.Phase, c.Status.URL, c.Status.Nodes, age(c.CreationTimestamp.Time, now), orNone(c.Status.Host))
 		}
 		return tw.Flush()
 	}
-	fmt.Fprintln(tw, "NAME\tPHASE\tURL\tNODES\tAGE\tGATEWAY\tNODE CIDR\tNODE CPUS\tNODE MEMORY\tNODE DISK\tMAX NODES\tSLEEP AFTER\tDATASTORE\tLAST DECISION")
+	fmt.Fprintln(tw, "NAME\tPHASE\tURL\tNODES\tAGE\tHOST\tGATEWAY\tNODE CIDR\tNODE CPUS\tNODE MEMORY\tNODE DISK\tMAX NODES\tSLEEP AFTER\tDATASTORE\tLAST DECISION")
 	for i := range cs {
 		c := &cs[i]
 		s := newSpecText(c)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			c.Name, orNone(string(c.Status.Phase)), orNone(c.Status.URL), c.Status.Nodes, age(c.CreationTimestamp.Time, now),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			c.Name, orNone(string(c.Status.Phase)), orNone(c.Status.URL), c.Status.Nodes, age(c.CreationTimestamp.Time, now), orNone(c.Status.Host),
 			orNone(c.Status.Gateway), orNone(c.Status.NodeCIDR),
 			s.cpus(), s.memory(), s.disk(), s.maxNodes(), s.sleepAfter(), s.datastore(),
 			lastDecisionShort(c.Status.LastScaleDecision, now))

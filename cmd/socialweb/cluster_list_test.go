@@ -13,21 +13,23 @@ import (
 
 func TestWriteClusterTable(t *testing.T) {
 	fresh := v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "new", CreationTimestamp: ago(5 * time.Second)}}
+	placed := readyCluster()
+	placed.Status.Host = "h1"
 	tests := []struct {
 		name string
 		cs   []v1.Cluster
 		wide bool
 		want string
 	}{
-		{"none", nil, false, "NAME   PHASE   URL   NODES   AGE\n"},
-		{"the default columns", []v1.Cluster{*readyCluster(), fresh}, false,
-			"NAME   PHASE   URL                      NODES   AGE\n" +
-				"ci     Ready   https://127.0.0.1:7500   2       2h\n" +
-				"new                                     0       5s\n"},
-		{"wide", []v1.Cluster{*readyCluster(), fresh}, true,
-			"NAME   PHASE    URL                      NODES   AGE   GATEWAY      NODE CIDR       NODE CPUS   NODE MEMORY   NODE DISK   MAX NODES   SLEEP AFTER   DATASTORE   LAST DECISION\n" +
-				"ci     Ready    https://127.0.0.1:7500   2       2h    10.250.1.1   10.250.1.0/24   1-4         1Gi-8Gi       10Gi-40Gi   5           10m           sqlite      Provision to 2, 3m ago\n" +
-				"new    <none>   <none>                   0       5s    <none>       <none>          default     default       default     default     default       default     <none>\n"},
+		{"none", nil, false, "NAME   PHASE   URL   NODES   AGE   HOST\n"},
+		{"the default columns", []v1.Cluster{*placed, fresh}, false,
+			"NAME   PHASE   URL                      NODES   AGE   HOST\n" +
+				"ci     Ready   https://127.0.0.1:7500   2       2h    h1\n" +
+				"new                                     0       5s    <none>\n"},
+		{"wide", []v1.Cluster{*placed, fresh}, true,
+			"NAME   PHASE    URL                      NODES   AGE   HOST     GATEWAY      NODE CIDR       NODE CPUS   NODE MEMORY   NODE DISK   MAX NODES   SLEEP AFTER   DATASTORE   LAST DECISION\n" +
+				"ci     Ready    https://127.0.0.1:7500   2       2h    h1       10.250.1.1   10.250.1.0/24   1-4         1Gi-8Gi       10Gi-40Gi   5           10m           sqlite      Provision to 2, 3m ago\n" +
+				"new    <none>   <none>                   0       5s    <none>   <none>       <none>          default     default       default     default     default       default     <none>\n"},
 	}
 	for _, tt := range tests {
 		var b bytes.Buffer

@@ -58,6 +58,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(
 		newServeCommand(g),
 		newClusterCommand(g),
+		newHostCommand(g),
 		newImageCommand(g),
 		newDownCommand(g),
 		newControlPlaneCommand(),

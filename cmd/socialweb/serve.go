@@ -15,6 +15,7 @@ import (
 
 	"github.com/socialweb-computer/socialweb/internal/daemon"
 	"github.com/socialweb-computer/socialweb/internal/frontdoor"
+	"github.com/socialweb-computer/socialweb/internal/hosts"
 	"github.com/socialweb-computer/socialweb/internal/layershare"
 	"github.com/socialweb-computer/socialweb/internal/logrotate"
 	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
@@ -162,6 +163,11 @@ func newServeCommand(g *globalOptions) *cobra.Command {
 	f.StringVar(&upgrade, "upgrade-strategy", string(supervisor.UpgradeRolling), "what a new daemon does with a control plane an earlier daemon left running on another build or configuration: rolling (replaced one tenant at a time, each once the one before serves, on the socket the daemon holds, so clients wait and are never refused; a new build that fails stops the rollout), on-restart (all replaced at once, as the daemon starts), manual (kept until each next restarts for another reason)")
 	f.StringVar(&o.BuiltinImages, "builtin-images", "", "a directory holding the built-in images (pause.tar, busybox.tar, as `socialweb image builtin --out DIR` writes them; the package ships them in /usr/lib/socialweb/images), loaded into the registry at start; empty builds them, which needs the Go toolchain and Debian's mirror")
 	f.StringVar(&onExit, "control-planes-on-exit", "stop", "what the control planes (the management API's too) do when the daemon stops: stop, or keep serving for the next serve to adopt (no tenant outage across a restart or upgrade; socialweb down stops them). A daemon killed or crashed always leaves them serving")
+	f.StringVar(&o.HostName, "host-name", "", `this host's name in the service (its Host object and Lease; a DNS label, unique among the hosts sharing a datastore); "" is this machine's hostname`)
+	f.StringVar(&o.HostAddress, "host-address", "", `the address other hosts and clients reach this host at, recorded on its Host object; "" records none`)
+	f.StringVar(&o.ClusterKeyFile, "cluster-key-file", "", `with a postgres datastore: the file holding the key (64 hex digits, mode 0600) the service's shared bootstrap (the management API's CAs and service-account key) is sealed with in the datastore; every host of a service needs the same one; "" is <state-dir>/cluster.key, made on the first start`)
+	f.IntVar(&o.MaxTenants, "max-tenants", 0, "most tenants placed on this host; a host at it gets no new tenant, others do; 0 is no cap")
+	f.DurationVar(&o.HostLeaseDuration, "host-lease-duration", hosts.DefaultLeaseDuration, "how long a host that stops renewing its Lease (every third of this) keeps its tenants in the other hosts' eyes; with a postgres datastore a host that could not renew for this long stops its tenants; at least "+daemon.MinHostLeaseDuration.String())
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	documentEnv(f)
 	withConfigFile(cmd)

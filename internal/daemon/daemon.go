@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/buildcache"
@@ -161,6 +162,18 @@ type Options struct {
 	// CgroupParent is the cgroup each control plane gets a group of its own under
 	// (cgroup.Open); "" runs them without limits.
 	CgroupParent string
+	// HostName names this host in the service (its Host object and Lease); ""
+	// is this machine's hostname. HostAddress is where other hosts reach it.
+	HostName    string
+	HostAddress string
+	// ClusterKeyFile holds the key the service's shared bootstrap is sealed
+	// with (PostgreSQL only); "" is STATE/cluster.key, made on first start.
+	ClusterKeyFile string
+	// MaxTenants caps the tenants placed on this host; 0 is no cap.
+	MaxTenants int
+	// HostLeaseDuration is how long a silent host keeps its tenants; 0 is
+	// hosts.DefaultLeaseDuration.
+	HostLeaseDuration time.Duration
 }
 
 // validateSizeDefaults checks the default node size range: no size negative, and each
@@ -287,6 +300,8 @@ type validated struct {
 	verdict *qemu.Verdict
 	// cgroups holds the control planes (nil: --cgroup-parent "").
 	cgroups *cgroup.Hierarchy
+	// hostName is --host-name or the machine's.
+	hostName string
 }
 
 // Validate checks everything that can be checked before anything is
@@ -312,6 +327,13 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 		return v, err
 	}
 
+	var err error
+	if v.hostName, err = hostName(o); err != nil {
+		return v, err
+	}
+	if err := validateHosts(o); err != nil {
+		return v, err
+	}
 	if _, err := supervisor.ParseUpgrade(string(o.Upgrade)); o.Upgrade != "" && err != nil {
 		return v, fmt.Errorf("--upgrade-strategy: %w", err)
 	}
@@ -549,6 +571,15 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	if err := installAPI(ctx, restCfg, kube); err != nil {
 		return err
 	}
+	members, err := joinHosts(ctx, v, v.hostName, info.Version, kube, dyn, func() (int, int) {
+		if prov == nil {
+			return 0, 0
+		}
+		return prov.Tenants()
+	}, log)
+	if err != nil {
+		return err
+	}
 
 	cache, err := openBuildCache(v, reg, log)
 	if err != nil {
@@ -616,6 +647,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		Cgroups:          v.cgroups,
 		Domain:           v.FrontDoorDomain,
 		BuildCache:       cache,
+		Ownership:        members,
 	}, log.With("component", "provider"), dyn, kube, v.store, sup)
 	ready.set(checkProvider, providerCheck(prov.Synced))
 	reg.MustRegister(prov.Collector())
@@ -680,6 +712,19 @@ func startManagement(ctx context.Context, v validated, digest string, sup *super
 	if err := controlplane.Prepare(cfg); err != nil {
 		return "", err
 	}
+	if v.store.Kind() == "postgres" {
+		// Every host's management API is one API: the same CAs and service-account
+		// key on each, from the datastore they share.
+		changed, err := shareBootstrap(ctx, v, cfg.PKI(), log)
+		if err != nil {
+			return "", err
+		}
+		if changed { // leaves signed by this host's own CAs are issued again
+			if err := controlplane.Prepare(cfg); err != nil {
+				return "", err
+			}
+		}
+	}
 	if spec.Fingerprint, err = provider.Fingerprint(digest, spec.Args, spec.Env, filepath.Join(dir, controlplane.ConfigFile), tenantuid.Owner{}); err != nil {
 		return "", err
 	}
@@ -724,18 +769,32 @@ func installAPI(ctx context.Context, restCfg *rest.Config, kube kubernetes.Inter
 	if err != nil {
 		return err
 	}
-	crds := ext.ApiextensionsV1().CustomResourceDefinitions()
-	want := v1.CRD()
-	cur, err := crds.Get(ctx, want.Name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		_, err = crds.Create(ctx, want, metav1.CreateOptions{})
-	case err == nil:
-		want.ResourceVersion = cur.ResourceVersion
-		_, err = crds.Update(ctx, want, metav1.UpdateOptions{})
+	for _, want := range []*apiextensionsv1.CustomResourceDefinition{v1.CRD(), v1.HostCRD()} {
+		if err := installCRD(ctx, ext, want); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// installCRD creates or updates one CRD and waits until it is served. Other
+// hosts may install it at the same moment: a lost race is tried again.
+func installCRD(ctx context.Context, ext apiextensionsclient.Interface, want *apiextensionsv1.CustomResourceDefinition) error {
+	crds := ext.ApiextensionsV1().CustomResourceDefinitions()
+	err := retry.OnError(retry.DefaultRetry, func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) }, func() error {
+		want := want.DeepCopy()
+		cur, err := crds.Get(ctx, want.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			_, err = crds.Create(ctx, want, metav1.CreateOptions{})
+		case err == nil:
+			want.ResourceVersion = cur.ResourceVersion
+			_, err = crds.Update(ctx, want, metav1.UpdateOptions{})
+		}
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("installing the Cluster CRD: %w", err)
+		return fmt.Errorf("installing the %s CRD: %w", want.Spec.Names.Kind, err)
 	}
 	for range 300 {
 		cur, err := crds.Get(ctx, want.Name, metav1.GetOptions{})
@@ -762,7 +821,7 @@ func installAPI(ctx context.Context, restCfg *rest.Config, kube kubernetes.Inter
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return errors.New("the Cluster CRD was not established within 30s")
+	return fmt.Errorf("the %s CRD was not established within 30s", want.Spec.Names.Kind)
 }
 
 // serveMetrics serves /metrics, /healthz and /readyz on addr until ctx ends or

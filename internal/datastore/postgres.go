@@ -175,3 +175,14 @@ func isDuplicateDatabase(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "42P04"
 }
+
+// AdminURL is raw (a postgres admin URL) pointed at control plane name's
+// database: for what the daemon itself keeps there beside kine's table.
+func AdminURL(raw, name string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", fmt.Errorf("datastore URL %s: %w", redact(raw), err)
+	}
+	u.Path = "/" + DatabaseName(name)
+	return u.String(), nil
+}

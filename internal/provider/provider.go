@@ -113,6 +113,9 @@ type Config struct {
 	// its port on their gateway and its access is kept in a Secret for runner
 	// credentials; on or off, a deleted cluster's cache goes. nil: none.
 	BuildCache *buildcache.Cache
+	// Ownership says which clusters this host runs, of a management API other
+	// hosts may share; nil runs every cluster.
+	Ownership Ownership
 }
 
 // Networks is the part of nodenet.Manager the provider uses.
@@ -304,6 +307,17 @@ func (p *Provider) reconcile(ctx context.Context, name string) (time.Duration, e
 	if err != nil {
 		return 0, err
 	}
+	owned, wait, err := p.owns(ctx, c)
+	if err != nil {
+		return 0, err
+	}
+	if !owned {
+		p.letGo(ctx, name)
+		return wait, nil
+	}
+	if wait > 0 { // claimed just now, its status written: act on the object as it is now
+		return wait, nil
+	}
 	var plan Plan
 	var obs Observed
 	for range 10 {
@@ -399,7 +413,8 @@ func (p *Provider) fail(cluster string, op Op, err error) {
 // act performs ops in order. It returns the updated object (nil once the
 // finalizer is gone).
 func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []Op) (*v1.Cluster, error) {
-	log := p.log.With("cluster", c.Name)
+	name := c.Name // an op that fails may return no object
+	log := p.log.With("cluster", name)
 	for _, op := range ops {
 		log.Info("performing", "op", op)
 		var err error
@@ -461,6 +476,9 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 			err = p.leases.Release(ctx, c.Name)
 		case OpRemoveFinalizer:
 			err = p.removeFinalizer(ctx, c)
+			if err == nil && p.cfg.Ownership != nil {
+				err = p.cfg.Ownership.Release(ctx, c.Name)
+			}
 			if err == nil {
 				p.fail(c.Name, OpLease, nil)
 				p.fail(c.Name, OpProvision, nil)
@@ -474,7 +492,7 @@ func (p *Provider) act(ctx context.Context, c *v1.Cluster, obs Observed, ops []O
 			}
 		}
 		if err != nil {
-			return c, fmt.Errorf("%s for %s: %w", op, c.Name, err)
+			return c, fmt.Errorf("%s for %s: %w", op, name, err)
 		}
 	}
 	return c, nil
@@ -707,7 +725,7 @@ func (p *Provider) Backend(cluster string) (string, bool) {
 		return "", false
 	}
 	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
+	if !ok || !p.runsHere(u) {
 		return "", false
 	}
 	port, found, err := unstructured.NestedInt64(u.Object, "status", "port")
@@ -1126,6 +1144,9 @@ func (p *Provider) writeStatus(ctx context.Context, c *v1.Cluster, obs Observed,
 	want.Phase = plan.Phase
 	want.ObservedGeneration = c.Generation
 	want.Restarts = int32(obs.Process.Restarts)
+	if p.cfg.Ownership != nil {
+		want.Host = p.cfg.Ownership.Name()
+	}
 	if obs.Lease != nil {
 		want.Port = int32(obs.Lease.Port)
 		want.URL = fmt.Sprintf("https://127.0.0.1:%d", obs.Lease.Port)

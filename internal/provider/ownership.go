@@ -1,0 +1,186 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/hosts"
+	"github.com/socialweb-computer/socialweb/internal/placement"
+	"github.com/socialweb-computer/socialweb/internal/supervisor"
+)
+
+// Ownership is the part of hosts.Membership the provider uses: which clusters
+// this host runs. Its errors wrap the management API's.
+type Ownership interface {
+	// Name is this host's.
+	Name() string
+	// Fenced: this host went a Lease duration without renewing; it runs nothing.
+	Fenced() bool
+	// Holder is the host holding a cluster's Lease, "" for none.
+	Holder(ctx context.Context, cluster string) (string, error)
+	// Claim takes a cluster's Lease; hosts.ErrHeldElsewhere when another has it.
+	Claim(ctx context.Context, cluster string) error
+	// Release gives a deleted cluster's Lease back.
+	Release(ctx context.Context, cluster string) error
+	// Observe is the service as this host sees it, for placement.
+	Observe(ctx context.Context) (hosts.View, error)
+}
+
+// Reasons of the Placed condition.
+const (
+	ReasonPlaced      = "Placed"
+	ReasonAdopted     = "Adopted"
+	ReasonUnplaceable = "Unplaceable"
+)
+
+// unplacedRetry is how soon a cluster this host did not take is looked at
+// again: the host placement chose claims it at once; if it does not (it died
+// in between), placement runs again over the hosts left.
+const unplacedRetry = 5 * time.Second
+
+// claimedRequeue is how soon a cluster just claimed is reconciled: once the
+// informer has its placement.
+const claimedRequeue = 100 * time.Millisecond
+
+// owns says whether this host runs c now, claiming it when it is unowned and
+// placement picks this host. wait is when to look again (0: an event will
+// tell); a cluster claimed now is owned with a short wait, so that it is acted
+// on as it is after its placement was written.
+func (p *Provider) owns(ctx context.Context, c *v1.Cluster) (owned bool, wait time.Duration, err error) {
+	o := p.cfg.Ownership
+	if o == nil {
+		return true, 0, nil
+	}
+	if o.Fenced() {
+		return false, unplacedRetry, nil
+	}
+	holder, err := o.Holder(ctx, c.Name)
+	if err != nil {
+		return false, 0, err
+	}
+	switch {
+	case holder == o.Name():
+		return true, 0, nil
+	case holder != "":
+		return false, 0, nil
+	}
+	// Unowned. Files of it here (a cluster made before hosts were, or restored
+	// here) keep it here; a deleted one is taken by whoever sees it first, so no
+	// cluster waits on a placement to be deleted.
+	reason, why := ReasonPlaced, ""
+	switch {
+	case p.hasLocalData(c.Name):
+		reason, why = ReasonAdopted, "adopted by "+o.Name()+": its files are on this host"
+	case c.DeletionTimestamp != nil:
+		reason, why = ReasonAdopted, "taken by "+o.Name()+" to be deleted"
+	default:
+		view, err := o.Observe(ctx)
+		if err != nil {
+			return false, 0, err
+		}
+		d, err := placement.Decide(view.Candidates())
+		if errors.Is(err, placement.ErrNoHost) {
+			p.log.Warn("cluster cannot be placed", "cluster", c.Name, "err", err)
+			return false, 10 * time.Second, p.recordPlaced(ctx, c.Name, "", metav1.ConditionFalse, ReasonUnplaceable, err.Error())
+		}
+		if err != nil {
+			return false, 0, err
+		}
+		if d.Host != o.Name() {
+			return false, unplacedRetry, nil
+		}
+		why = d.Reason
+	}
+	if err := o.Claim(ctx, c.Name); errors.Is(err, hosts.ErrHeldElsewhere) {
+		p.log.Info("another host took the cluster first", "cluster", c.Name, "err", err)
+		return false, 0, nil
+	} else if err != nil {
+		return false, 0, err
+	}
+	p.log.Info("cluster placed here", "cluster", c.Name, "reason", why)
+	return true, claimedRequeue, p.recordPlaced(ctx, c.Name, o.Name(), metav1.ConditionTrue, reason, why)
+}
+
+// hasLocalData: the cluster has a directory in this host's state dir.
+func (p *Provider) hasLocalData(cluster string) bool {
+	_, err := os.Lstat(ClusterDir(p.cfg.StateDir, cluster))
+	return err == nil
+}
+
+// recordPlaced writes status.host and the Placed condition.
+func (p *Provider) recordPlaced(ctx context.Context, cluster, host string, status metav1.ConditionStatus, reason, msg string) error {
+	return ScaleStatus{Client: p.dyn}.updateIf(ctx, cluster, func(c *v1.Cluster) bool {
+		cur := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionPlaced)
+		if c.Status.Host == host && cur != nil && cur.Status == status && cur.Reason == reason && cur.Message == msg {
+			return false
+		}
+		if host != "" {
+			c.Status.Host = host
+		}
+		meta.SetStatusCondition(&c.Status.Conditions, metav1.Condition{Type: v1.ConditionPlaced, Status: status, Reason: reason,
+			Message: truncate(msg), ObservedGeneration: c.Generation})
+		return true
+	})
+}
+
+// letGo stops what this host runs of a cluster it does not own (any more): its
+// nodes, its control plane, its held port. Its data stays: it is the owner's.
+func (p *Provider) letGo(ctx context.Context, cluster string) {
+	_, supervised := p.sup.State(ProcessName(cluster))
+	p.sleepMu.Lock()
+	_, sleeping := p.sleepers[cluster]
+	p.sleepMu.Unlock()
+	_, left, _ := supervisor.Running(filepath.Join(ClusterDir(p.cfg.StateDir, cluster), "instance.json"))
+	if !supervised && !sleeping && !left {
+		return
+	}
+	p.log.Warn("stopping a cluster this host does not own", "cluster", cluster)
+	if err := p.stopNodeServices(ctx, cluster); err != nil {
+		p.log.Warn("stopping the nodes of a cluster this host does not own", "cluster", cluster, "err", err)
+	}
+	if err := p.stopProcess(cluster); err != nil {
+		p.log.Warn("stopping the control plane of a cluster this host does not own", "cluster", cluster, "err", err)
+	}
+	p.forgetProbe(cluster)
+	p.forgetSleeper(cluster)
+	p.setPrepared(cluster, false)
+}
+
+// Tenants counts, from the informer's cache, the clusters this host runs and
+// how many of those are Ready (awake), for its Host object.
+func (p *Provider) Tenants() (owned, awake int) {
+	objs, err := p.lister.List(labels.Everything())
+	if err != nil {
+		return 0, 0
+	}
+	for _, o := range objs {
+		u, ok := o.(*unstructured.Unstructured)
+		if !ok || !p.runsHere(u) {
+			continue
+		}
+		owned++
+		if phase, _, _ := unstructured.NestedString(u.Object, "status", "phase"); phase == string(v1.PhaseReady) {
+			awake++
+		}
+	}
+	return owned, awake
+}
+
+// runsHere says whether the cached cluster's status names this host (every
+// cluster does without Ownership).
+func (p *Provider) runsHere(u *unstructured.Unstructured) bool {
+	if p.cfg.Ownership == nil {
+		return true
+	}
+	host, _, _ := unstructured.NestedString(u.Object, "status", "host")
+	return host == p.cfg.Ownership.Name()
+}
