@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/provider"
 	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
 	"github.com/socialweb-computer/socialweb/internal/window"
 )
@@ -172,14 +173,18 @@ func controlPlaneLimits(spec *v1.ClusterSpec, memory string, pids, weight int32)
 	})
 }
 
-// waitLeased waits for the daemon to lease a port. If it cannot, the
-// Cluster is deleted again, so a refused create leaves nothing behind.
+// waitLeased waits for the daemon to lease a port. If it cannot, or no host
+// can take the cluster, the Cluster is deleted again, so a refused create
+// leaves nothing behind.
 func waitLeased(ctx context.Context, m *mgmtClients, name string) (*v1.Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	c, err := m.waitCluster(ctx, name, func(c *v1.Cluster) (bool, error) {
 		cond := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionLeased)
-		if cond != nil && cond.Reason == "LeaseFailed" {
+		if placed := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionPlaced); placed != nil && placed.Reason == provider.ReasonUnplaceable {
+			cond = placed // no host takes it: refused the same way
+		}
+		if cond != nil && (cond.Reason == "LeaseFailed" || cond.Reason == provider.ReasonUnplaceable) {
 			_ = m.dyn.Resource(v1.ClusterResource).Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{})
 			waitGone(context.WithoutCancel(ctx), m, name, 30*time.Second)
 			return false, fmt.Errorf("cluster %s not created: %s", name, cond.Message)
