@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
-	"github.com/socialweb-computer/socialweb/internal/provider"
 	"github.com/socialweb-computer/socialweb/internal/nodes/qemu"
+	"github.com/socialweb-computer/socialweb/internal/provider"
 	"github.com/socialweb-computer/socialweb/internal/window"
 )
 

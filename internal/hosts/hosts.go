@@ -39,7 +39,7 @@ const (
 
 // Resources is what a host has: CPUs, and memory in bytes (total, available).
 type Resources struct {
-	CPUs              int
+	CPUs               int
 	Memory, FreeMemory int64
 }
 
