@@ -71,6 +71,9 @@ func apiserverArgs(c Config) []string {
 		// reconciler refuses; nothing in it needs the kubernetes Service.
 		args = append(args, "--authorization-mode=RBAC", "--endpoint-reconciler-type=none")
 	}
+	if c.EncryptionConfig != "" {
+		args = append(args, "--encryption-provider-config="+c.EncryptionConfig)
+	}
 	return args
 }
 

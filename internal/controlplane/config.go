@@ -63,6 +63,10 @@ type Config struct {
 	// SeedReadOnly: the process seeds from SeedDir but never captures a seed
 	// there. A tenant's: its seed would be every later tenant's RBAC.
 	SeedReadOnly bool `json:"seedReadOnly,omitempty"`
+	// EncryptionConfig, if set, is the apiserver's EncryptionConfiguration file:
+	// the management API of a service whose datastore other hosts share keeps its
+	// Secrets (tenants' CAs among them) encrypted there.
+	EncryptionConfig string `json:"encryptionConfig,omitempty"`
 	// ListenFD, if not 0, is an inherited socket already listening on 127.0.0.1:Port:
 	// the daemon keeps it open across the cluster's sleeps, so the port never stops
 	// accepting. Given on the command line, never stored.

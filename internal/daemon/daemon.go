@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -571,11 +572,26 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	if err := installAPI(ctx, restCfg, kube); err != nil {
 		return err
 	}
-	members, err := joinHosts(ctx, v, v.hostName, info.Version, kube, dyn, func() (int, int) {
-		if prov == nil {
+	// The provider is made later, and read from membership's goroutine: until
+	// it is there, membership has nothing to tell it.
+	var provRef atomic.Pointer[provider.Provider]
+	members, err := joinHosts(ctx, v, v.hostName, info.Version, kube, dyn, hostHooks{
+		tenants: func() (int, int) {
+			if p := provRef.Load(); p != nil {
+				return p.Tenants()
+			}
 			return 0, 0
-		}
-		return prov.Tenants()
+		},
+		hostLost: func(h string) {
+			if p := provRef.Load(); p != nil {
+				p.HostLost(h)
+			}
+		},
+		fenced: func() {
+			if p := provRef.Load(); p != nil {
+				p.EnqueueAll()
+			}
+		},
 	}, log)
 	if err != nil {
 		return err
@@ -648,7 +664,9 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		Domain:           v.FrontDoorDomain,
 		BuildCache:       cache,
 		Ownership:        members,
+		SharePKI:         v.store.Kind() == "postgres",
 	}, log.With("component", "provider"), dyn, kube, v.store, sup)
+	provRef.Store(prov)
 	ready.set(checkProvider, providerCheck(prov.Synced))
 	reg.MustRegister(prov.Collector())
 	reg.MustRegister(prov.SleepCollectors()...)
@@ -665,13 +683,16 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	return prov.Run(ctx)
 }
 
+// buildCacheKeyPath is the build cache's key in the state dir.
+func buildCacheKeyPath(stateDir string) string { return filepath.Join(stateDir, "buildcache.key") }
+
 // openBuildCache opens the host's build cache under the state dir, its key made on
 // first use. Off, it still opens: a deleted cluster's objects are removed whatever
 // the switch says now.
 func openBuildCache(v validated, reg prometheus.Registerer, log *slog.Logger) (*buildcache.Cache, error) {
 	var key []byte
 	if v.BuildCache {
-		k, err := buildcache.LoadOrCreateKey(filepath.Join(v.StateDir, "buildcache.key"))
+		k, err := buildcache.LoadOrCreateKey(buildCacheKeyPath(v.StateDir))
 		if err != nil {
 			return nil, fmt.Errorf("the build cache's key: %w (serve --build-cache=false runs without a cache)", err)
 		}
@@ -704,6 +725,16 @@ func startManagement(ctx context.Context, v validated, digest string, sup *super
 		// first tenant of a new state dir starts seeded.
 		SeedDir: controlplane.SeedDirIn(v.StateDir),
 	}
+	var clusterKey []byte
+	if v.store.Kind() == "postgres" {
+		if clusterKey, err = loadClusterKey(v.Options); err != nil {
+			return "", err
+		}
+		cfg.EncryptionConfig = filepath.Join(dir, "encryption.yaml")
+		if err := writeEncryptionConfig(cfg.EncryptionConfig, clusterKey); err != nil {
+			return "", fmt.Errorf("writing the management API's encryption config: %w", err)
+		}
+	}
 	spec := provider.ControlPlaneSpec("mgmt", dir, v.Executable, v.ControlPlaneEnv, v.ControlPlaneLog)
 	// The port is the management API's if an earlier daemon left it running.
 	if _, alive, _ := supervisor.Running(spec.RecordPath); !alive && !portFree(v.APIPort) {
@@ -715,7 +746,7 @@ func startManagement(ctx context.Context, v validated, digest string, sup *super
 	if v.store.Kind() == "postgres" {
 		// Every host's management API is one API: the same CAs and service-account
 		// key on each, from the datastore they share.
-		changed, err := shareBootstrap(ctx, v, cfg.PKI(), log)
+		changed, err := shareBootstrap(ctx, v, clusterKey, cfg.PKI(), log)
 		if err != nil {
 			return "", err
 		}

@@ -2,7 +2,10 @@ package daemon
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,7 +19,9 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/socialweb-computer/socialweb/internal/atomicfile"
 	"github.com/socialweb-computer/socialweb/internal/bootstrap"
+	"github.com/socialweb-computer/socialweb/internal/buildcache"
 	"github.com/socialweb-computer/socialweb/internal/datastore"
 	"github.com/socialweb-computer/socialweb/internal/hosts"
 	"github.com/socialweb-computer/socialweb/internal/pki"
@@ -59,26 +64,65 @@ func validateHosts(o Options) error {
 // bootstrapFiles are the management API's PKI files every host must share: the
 // CAs that sign each host's serving and client certificates, and the key
 // service-account tokens are signed with. Leaves stay per host.
-func bootstrapFiles(p pki.Paths) map[string]string {
+func bootstrapFiles(stateDir string, p pki.Paths) map[string]string {
 	return map[string]string{
 		"server-ca.crt": p.ServerCA, "server-ca.key": p.ServerCAKey,
 		"client-ca.crt": p.ClientCA, "client-ca.key": p.ClientCAKey,
 		"sa.key": p.ServiceAccountKey, "sa.pub": p.ServiceAccountPub,
+		"buildcache.key": buildCacheKeyPath(stateDir),
 	}
+}
+
+// clusterKeyPath is --cluster-key-file, or its default in the state dir.
+func clusterKeyPath(o Options) string {
+	if o.ClusterKeyFile != "" {
+		return o.ClusterKeyFile
+	}
+	return filepath.Join(o.StateDir, ClusterKeyFile)
+}
+
+// loadClusterKey reads the cluster key; only the default file is made when
+// missing: a key file named on purpose and absent is a mistake to report.
+func loadClusterKey(o Options) ([]byte, error) {
+	key, err := bootstrap.LoadOrCreateKey(clusterKeyPath(o), o.ClusterKeyFile == "")
+	if err != nil {
+		return nil, fmt.Errorf("--cluster-key-file: %w", err)
+	}
+	return key, nil
+}
+
+// writeEncryptionConfig writes the management API's EncryptionConfiguration:
+// Secrets sealed with secretbox under a key derived from the cluster key, so
+// every host reads what any host wrote and the datastore holds no tenant key
+// in clear; identity reads Secrets written before.
+func writeEncryptionConfig(path string, clusterKey []byte) error {
+	m := hmac.New(sha256.New, clusterKey)
+	m.Write([]byte("socialweb management API secrets\x00"))
+	secret := base64.StdEncoding.EncodeToString(m.Sum(nil))
+	cfg := `apiVersion: apiserver.config.k8s.io/v1
+kind: EncryptionConfiguration
+resources:
+  - resources: [secrets]
+    providers:
+      - secretbox:
+          keys:
+            - name: cluster-key-1
+              secret: ` + secret + `
+      - identity: {}
+`
+	return atomicfile.Write(path, []byte(cfg), 0o600)
 }
 
 // shareBootstrap makes this host's management PKI the service's: it offers its
 // CA files to the management database (the first host's win) and writes back
 // what is stored there. It reports whether a file changed: leaves signed by the
 // old CAs are then issued again.
-func shareBootstrap(ctx context.Context, v validated, paths pki.Paths, log *slog.Logger) (changed bool, err error) {
-	keyPath, create := v.ClusterKeyFile, false
-	if keyPath == "" {
-		keyPath, create = filepath.Join(v.StateDir, ClusterKeyFile), true
-	}
-	key, err := bootstrap.LoadOrCreateKey(keyPath, create)
-	if err != nil {
-		return false, fmt.Errorf("--cluster-key-file: %w", err)
+func shareBootstrap(ctx context.Context, v validated, key []byte, paths pki.Paths, log *slog.Logger) (changed bool, err error) {
+	keyPath := clusterKeyPath(v.Options)
+	// The build cache's key too: runner credentials name a cluster's cache
+	// access, which must stay valid on whichever host runs it.
+	if _, err := buildcache.LoadOrCreateKey(buildCacheKeyPath(v.StateDir)); err != nil {
+		return false, fmt.Errorf("the build cache's key: %w", err)
 	}
 	dsn, err := datastore.AdminURL(v.Datastore, "mgmt")
 	if err != nil {
@@ -89,7 +133,7 @@ func shareBootstrap(ctx context.Context, v validated, paths pki.Paths, log *slog
 		return false, err
 	}
 	defer db.Close()
-	files := bootstrapFiles(paths)
+	files := bootstrapFiles(v.StateDir, paths)
 	local := map[string][]byte{}
 	for name, path := range files {
 		b, err := os.ReadFile(path)
@@ -154,16 +198,24 @@ func readResources() (hosts.Resources, error) {
 	return r, nil
 }
 
+// hostHooks tell the provider (made after the host joins) what membership sees.
+type hostHooks struct {
+	tenants  func() (owned, awake int)
+	hostLost func(host string)
+	fenced   func()
+}
+
 // joinHosts registers this host and starts renewing its Lease. A host whose
 // Lease had lapsed waits one Lease duration before it runs any tenant (Join).
 func joinHosts(ctx context.Context, v validated, name, version string, kube kubernetes.Interface, dyn dynamic.Interface,
-	tenants func() (int, int), log *slog.Logger) (*hosts.Membership, error) {
+	hooks hostHooks, log *slog.Logger) (*hosts.Membership, error) {
 	d := v.HostLeaseDuration
 	if d == 0 {
 		d = hosts.DefaultLeaseDuration
 	}
 	m := hosts.New(hosts.Config{Name: name, Address: v.HostAddress, FrontDoor: v.FrontDoor, Version: version, MaxTenants: v.MaxTenants,
-		LeaseDuration: d, RenewEvery: d / 3, Shared: v.store.Kind() == "postgres", Resources: readResources, Tenants: tenants},
+		LeaseDuration: d, RenewEvery: d / 3, Shared: v.store.Kind() == "postgres", Resources: readResources,
+		Tenants: hooks.tenants, OnHostLost: hooks.hostLost, OnFenced: hooks.fenced},
 		kube, dyn, log.With("component", "hosts"))
 	wait, err := m.Join(ctx)
 	if err != nil {

@@ -60,7 +60,11 @@ type Config struct {
 	// Resources reads the host's; Tenants counts the tenants it owns and runs.
 	Resources func() (Resources, error)
 	Tenants   func() (owned, awake int)
-	Now       func() time.Time
+	// OnHostLost is called when another host's Lease lapses (its tenants may be
+	// taken over now); OnFenced when this host's own did (it must run nothing).
+	OnHostLost func(host string)
+	OnFenced   func()
+	Now        func() time.Time
 }
 
 // Membership is this host's place in the service. Join it, then Run it.
@@ -77,6 +81,9 @@ type Membership struct {
 	// that value: a host is live while its renewTime changed within the Lease
 	// duration of this host's clock, so hosts' clocks need not agree.
 	seen map[string]observation
+	// alive is every host's liveness at the last poll; fenced this host's.
+	alive  map[string]bool
+	fenced bool
 }
 
 type observation struct {
@@ -98,7 +105,7 @@ func New(cfg Config, kube kubernetes.Interface, dyn dynamic.Interface, log *slog
 	if cfg.Tenants == nil {
 		cfg.Tenants = func() (int, int) { return 0, 0 }
 	}
-	return &Membership{cfg: cfg, kube: kube, dyn: dyn, log: log, seen: map[string]observation{}}
+	return &Membership{cfg: cfg, kube: kube, dyn: dyn, log: log, seen: map[string]observation{}, alive: map[string]bool{}}
 }
 
 // Name is this host's.
@@ -138,12 +145,59 @@ func (m *Membership) Run(ctx context.Context) {
 		}
 		if _, err := m.renew(ctx); err != nil {
 			m.log.Warn("renewing this host's Lease", "err", err, "leaseDuration", m.cfg.LeaseDuration)
-			continue
-		}
-		if err := m.report(ctx); err != nil {
+		} else if err := m.report(ctx); err != nil {
 			m.log.Warn("reporting this host", "err", err)
 		}
+		m.poll(ctx)
 	}
+}
+
+// poll reads the hosts' Leases and tells of each host whose Lease lapsed since
+// the last poll, and of this host being fenced.
+func (m *Membership) poll(ctx context.Context) {
+	if fenced := m.Fenced(); fenced != m.fenced {
+		m.fenced = fenced
+		if fenced {
+			m.log.Error("this host could not renew its Lease for a Lease duration: stopping its tenants, which other hosts may run now", "leaseDuration", m.cfg.LeaseDuration)
+			if m.cfg.OnFenced != nil {
+				m.cfg.OnFenced()
+			}
+		}
+	}
+	hl, err := m.leases().List(ctx, metav1.ListOptions{LabelSelector: LeaseLabel + "=host"})
+	if err != nil {
+		m.log.Warn("reading the hosts' Leases", "err", err)
+		return
+	}
+	var lost []string
+	alive := map[string]bool{}
+	for _, l := range hl.Items {
+		holder := ptr.Deref(l.Spec.HolderIdentity, "")
+		alive[holder] = m.live(holder, l.Spec.RenewTime)
+	}
+	m.mu.Lock()
+	for h, was := range m.alive {
+		if was && !alive[h] && h != m.cfg.Name {
+			lost = append(lost, h)
+		}
+	}
+	m.alive = alive
+	m.mu.Unlock()
+	for _, h := range lost {
+		m.log.Warn("a host's Lease lapsed: its tenants go to the hosts left", "host", h, "leaseDuration", m.cfg.LeaseDuration)
+		if m.cfg.OnHostLost != nil {
+			m.cfg.OnHostLost(h)
+		}
+	}
+}
+
+// HostLive says whether host was live at the last poll; known is false for a
+// host the poll has not seen (or before the first).
+func (m *Membership) HostLive(host string) (live, known bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	live, known = m.alive[host]
+	return live, known
 }
 
 // Fenced says whether this host went a Lease duration without renewing: others
@@ -365,6 +419,30 @@ func (m *Membership) Claim(ctx context.Context, cluster string) error {
 	}
 	if holder != m.cfg.Name {
 		return fmt.Errorf("%w: %s holds %s", ErrHeldElsewhere, holder, cluster)
+	}
+	return nil
+}
+
+// Takeover moves a tenant's Lease from a host whose own Lease lapsed to this
+// one. The update carries the resourceVersion read, so of hosts taking over at
+// once one wins; the others, and a takeover from a holder that is no longer
+// from, get ErrHeldElsewhere.
+func (m *Membership) Takeover(ctx context.Context, cluster, from string) error {
+	l, err := m.leases().Get(ctx, v1.TenantLeaseName(cluster), metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading the Lease of %s: %w", cluster, err)
+	}
+	if holder := ptr.Deref(l.Spec.HolderIdentity, ""); holder != from {
+		return fmt.Errorf("%w: %s holds %s now", ErrHeldElsewhere, holder, cluster)
+	}
+	now := metav1.NewMicroTime(m.cfg.Now())
+	l.Spec.HolderIdentity = ptr.To(m.cfg.Name)
+	l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
+	l.Spec.LeaseTransitions = ptr.To(ptr.Deref(l.Spec.LeaseTransitions, 0) + 1)
+	if _, err := m.leases().Update(ctx, l, metav1.UpdateOptions{}); apierrors.IsConflict(err) {
+		return fmt.Errorf("%w: another host took %s first", ErrHeldElsewhere, cluster)
+	} else if err != nil {
+		return fmt.Errorf("taking over %s: %w", cluster, err)
 	}
 	return nil
 }

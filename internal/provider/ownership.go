@@ -3,6 +3,7 @@ package provider
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -33,6 +34,12 @@ type Ownership interface {
 	Release(ctx context.Context, cluster string) error
 	// Observe is the service as this host sees it, for placement.
 	Observe(ctx context.Context) (hosts.View, error)
+	// HostLive is a host's liveness at the last poll of the Leases; known is
+	// false before the poll has seen it.
+	HostLive(host string) (live, known bool)
+	// Takeover moves a cluster's Lease from a host whose Lease lapsed to this
+	// one; hosts.ErrHeldElsewhere when another host was first or from is back.
+	Takeover(ctx context.Context, cluster, from string) error
 }
 
 // Reasons of the Placed condition.
@@ -40,6 +47,11 @@ const (
 	ReasonPlaced      = "Placed"
 	ReasonAdopted     = "Adopted"
 	ReasonUnplaceable = "Unplaceable"
+	// ReasonFailedOver: the host that ran it stopped renewing its Lease, and
+	// this one took it over.
+	ReasonFailedOver = "FailedOver"
+	// ReasonHostLost: its host stopped renewing and nothing else can run it.
+	ReasonHostLost = "HostLost"
 )
 
 // unplacedRetry is how soon a cluster this host did not take is looked at
@@ -71,7 +83,7 @@ func (p *Provider) owns(ctx context.Context, c *v1.Cluster) (owned bool, wait ti
 	case holder == o.Name():
 		return true, 0, nil
 	case holder != "":
-		return false, 0, nil
+		return p.takeOver(ctx, c, holder)
 	}
 	// Unowned. Files of it here (a cluster made before hosts were, or restored
 	// here) keep it here; a deleted one is taken by whoever sees it first, so no
@@ -108,6 +120,74 @@ func (p *Provider) owns(ctx context.Context, c *v1.Cluster) (owned bool, wait ti
 	}
 	p.log.Info("cluster placed here", "cluster", c.Name, "reason", why)
 	return true, claimedRequeue, p.recordPlaced(ctx, c.Name, o.Name(), metav1.ConditionTrue, reason, why)
+}
+
+// takeOver runs c here if its holder's Lease lapsed, its data is in the shared
+// datastore (a sqlite tenant's is on its host's disk: it waits for that host),
+// and placement over the live hosts picks this one.
+func (p *Provider) takeOver(ctx context.Context, c *v1.Cluster, holder string) (bool, time.Duration, error) {
+	o := p.cfg.Ownership
+	if live, known := o.HostLive(holder); live || !known {
+		return false, 0, nil // its host's loss will enqueue it (HostLost)
+	}
+	if c.Spec.Datastore != "postgres" {
+		return false, 0, p.recordPlaced(ctx, c.Name, "", metav1.ConditionFalse, ReasonHostLost,
+			fmt.Sprintf("its host %s stopped renewing its Lease; its datastore is sqlite on that host's disk, so it runs again only when %s is back", holder, holder))
+	}
+	view, err := o.Observe(ctx)
+	if err != nil {
+		return false, 0, err
+	}
+	d, err := placement.Decide(view.Candidates())
+	if errors.Is(err, placement.ErrNoHost) {
+		return false, 10 * time.Second, p.recordPlaced(ctx, c.Name, "", metav1.ConditionFalse, ReasonUnplaceable,
+			fmt.Sprintf("its host %s stopped renewing its Lease and %v", holder, err))
+	}
+	if err != nil {
+		return false, 0, err
+	}
+	if d.Host != o.Name() {
+		return false, unplacedRetry, nil
+	}
+	if err := o.Takeover(ctx, c.Name, holder); errors.Is(err, hosts.ErrHeldElsewhere) {
+		p.log.Info("the cluster was not taken over here", "cluster", c.Name, "err", err)
+		return false, 0, nil
+	} else if err != nil {
+		return false, 0, err
+	}
+	why := fmt.Sprintf("taken over from %s, whose Lease lapsed; %s", holder, d.Reason)
+	p.log.Warn("cluster taken over", "cluster", c.Name, "from", holder, "reason", d.Reason)
+	p.setPrepared(c.Name, false)
+	return true, claimedRequeue, p.recordPlaced(ctx, c.Name, o.Name(), metav1.ConditionTrue, ReasonFailedOver, why)
+}
+
+// HostLost enqueues the clusters a lapsed host ran, for a takeover.
+func (p *Provider) HostLost(host string) {
+	objs, err := p.lister.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	for _, obj := range objs {
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			if h, _, _ := unstructured.NestedString(u.Object, "status", "host"); h == host {
+				p.queue.Add(u.GetName())
+			}
+		}
+	}
+}
+
+// EnqueueAll looks at every cluster again: this host was fenced, and stops
+// those it runs.
+func (p *Provider) EnqueueAll() {
+	objs, err := p.lister.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	for _, obj := range objs {
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			p.queue.Add(u.GetName())
+		}
+	}
 }
 
 // hasLocalData: the cluster has a directory in this host's state dir.

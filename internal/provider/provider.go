@@ -116,6 +116,9 @@ type Config struct {
 	// Ownership says which clusters this host runs, of a management API other
 	// hosts may share; nil runs every cluster.
 	Ownership Ownership
+	// SharePKI keeps each tenant's CAs in the management API (PKISecretName),
+	// so that any host can run it: the hosts share a datastore.
+	SharePKI bool
 }
 
 // Networks is the part of nodenet.Manager the provider uses.
@@ -665,8 +668,18 @@ func (p *Provider) provision(ctx context.Context, c *v1.Cluster, l lease.Lease) 
 		return err
 	}
 	plan, _ := nodenet.ForIndex(l.Network)
+	if p.cfg.SharePKI {
+		if err := p.restorePKI(ctx, c.Name, cfg.PKI()); err != nil {
+			return err
+		}
+	}
 	if err := controlplane.Prepare(cfg, plan.APIService); err != nil {
 		return err
+	}
+	if p.cfg.SharePKI {
+		if err := p.savePKI(ctx, c.Name, cfg.PKI()); err != nil {
+			return err
+		}
 	}
 	if err := shareWithTenant(dir, owner); err != nil {
 		return fmt.Errorf("giving cluster %s's control plane its files: %w", c.Name, err)
@@ -1131,6 +1144,9 @@ func (p *Provider) removeData(ctx context.Context, c *v1.Cluster) error {
 		return err
 	}
 	if err := p.removeBuildCache(ctx, c.Name); err != nil {
+		return err
+	}
+	if err := p.deleteSecret(ctx, PKISecretName(c.Name)); err != nil {
 		return err
 	}
 	return p.deleteSecret(ctx, AdminSecretName(c.Name))
