@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -343,7 +344,9 @@ func (m *Membership) Observe(ctx context.Context) (View, error) {
 		return v, fmt.Errorf("listing tenant Leases: %w", err)
 	}
 	for _, l := range tl.Items {
-		v.Holders[l.Name[len("tenant-"):]] = ptr.Deref(l.Spec.HolderIdentity, "")
+		if tenant, ok := strings.CutPrefix(l.Name, "tenant-"); ok {
+			v.Holders[tenant] = ptr.Deref(l.Spec.HolderIdentity, "")
+		}
 	}
 	return v, nil
 }

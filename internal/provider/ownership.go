@@ -264,3 +264,17 @@ func (p *Provider) runsHere(u *unstructured.Unstructured) bool {
 	host, _, _ := unstructured.NestedString(u.Object, "status", "host")
 	return host == p.cfg.Ownership.Name()
 }
+
+// heldHere says whether this host may keep running cluster: no Ownership, or
+// its Lease names this host (or no host: placement decides). An unreadable
+// Lease keeps it, for the reconcile to decide.
+func (p *Provider) heldHere(cluster string) bool {
+	o := p.cfg.Ownership
+	if o == nil {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	holder, err := o.Holder(ctx, cluster)
+	return err != nil || holder == "" || holder == o.Name()
+}

@@ -34,7 +34,10 @@ type fakeOwnership struct {
 	claimErr   error
 	view       hosts.View
 	observeErr error
-	calls      []string
+	// hostLive is each host's liveness (absent: unknown); takeoverErr Takeover's.
+	hostLive    map[string]bool
+	takeoverErr error
+	calls       []string
 }
 
 var _ Ownership = (*fakeOwnership)(nil)
@@ -60,6 +63,17 @@ func (f *fakeOwnership) Release(_ context.Context, cluster string) error {
 func (f *fakeOwnership) Observe(context.Context) (hosts.View, error) {
 	f.calls = append(f.calls, "Observe")
 	return f.view, f.observeErr
+}
+
+func (f *fakeOwnership) HostLive(host string) (bool, bool) {
+	f.calls = append(f.calls, "HostLive "+host)
+	live, known := f.hostLive[host]
+	return live, known
+}
+
+func (f *fakeOwnership) Takeover(_ context.Context, cluster, from string) error {
+	f.calls = append(f.calls, "Takeover "+cluster+" from "+from)
+	return f.takeoverErr
 }
 
 // hostsView is a view of live hosts, each with free memory in GiB, none holding anything.
@@ -93,6 +107,7 @@ func TestOwns(t *testing.T) {
 		own       *fakeOwnership // nil: no Ownership
 		localData bool           // StateDir/clusters/ci exists
 		deleting  bool
+		datastore string // spec.datastore
 		wantOwned bool
 		wantWait  time.Duration
 		wantErr   error
@@ -107,8 +122,33 @@ func TestOwns(t *testing.T) {
 		// A fenced host runs nothing and asks no one.
 		{name: "fenced", own: &fakeOwnership{name: "a", fenced: true}, wantWait: unplacedRetry},
 		{name: "held by this host", own: &fakeOwnership{name: "a", holder: "a"}, wantOwned: true, wantCalls: []string{"Holder ci"}},
-		{name: "held by another host", own: &fakeOwnership{name: "a", holder: "b"}, wantCalls: []string{"Holder ci"}},
-		{name: "held by another host, files here too", own: &fakeOwnership{name: "a", holder: "b"}, localData: true, wantCalls: []string{"Holder ci"}},
+		{name: "held by another host", own: &fakeOwnership{name: "a", holder: "b", hostLive: map[string]bool{"b": true}}, wantCalls: []string{"Holder ci", "HostLive b"}},
+		{name: "held by another host, files here too", own: &fakeOwnership{name: "a", holder: "b", hostLive: map[string]bool{"b": true}}, localData: true,
+			wantCalls: []string{"Holder ci", "HostLive b"}},
+		// Not seen by a poll yet: its loss, if it comes, enqueues the cluster.
+		{name: "held by a host not polled yet", own: &fakeOwnership{name: "a", holder: "b"}, wantCalls: []string{"Holder ci", "HostLive b"}},
+		// A sqlite tenant's data is on its host's disk: nothing else can run it.
+		{
+			name: "held by a lost host, sqlite", own: &fakeOwnership{name: "a", holder: "b", hostLive: map[string]bool{"b": false}}, datastore: "sqlite",
+			wantCalls: []string{"Holder ci", "HostLive b"}, wantReason: ReasonHostLost, wantStatus: metav1.ConditionFalse, wantMsg: "runs again only when b is back",
+		},
+		{
+			name: "held by a lost host, taken over here", datastore: "postgres",
+			own:       &fakeOwnership{name: "a", holder: "b", hostLive: map[string]bool{"b": false}, view: hostsView(map[string]int64{"a": 8, "c": 4})},
+			wantOwned: true, wantWait: claimedRequeue, wantCalls: []string{"Holder ci", "HostLive b", "Observe", "Takeover ci from b"},
+			wantReason: ReasonFailedOver, wantStatus: metav1.ConditionTrue, wantHost: "a", wantMsg: "taken over from b, whose Lease lapsed; placed on a",
+		},
+		{
+			name: "held by a lost host, placed on another", datastore: "postgres",
+			own:      &fakeOwnership{name: "a", holder: "b", hostLive: map[string]bool{"b": false}, view: hostsView(map[string]int64{"a": 4, "c": 8})},
+			wantWait: unplacedRetry, wantCalls: []string{"Holder ci", "HostLive b", "Observe"},
+		},
+		{
+			name: "held by a lost host, another host took it first", datastore: "postgres",
+			own: &fakeOwnership{name: "a", holder: "b", hostLive: map[string]bool{"b": false}, view: hostsView(map[string]int64{"a": 8}),
+				takeoverErr: fmt.Errorf("%w: c holds ci now", hosts.ErrHeldElsewhere)},
+			wantCalls: []string{"Holder ci", "HostLive b", "Observe", "Takeover ci from b"},
+		},
 		{name: "the holder cannot be read", own: &fakeOwnership{name: "a", holderErr: apiDown}, wantErr: apiDown, wantCalls: []string{"Holder ci"}},
 		{
 			name: "unheld, placed here", own: &fakeOwnership{name: "a", view: hostsView(map[string]int64{"a": 8, "b": 4})},
@@ -158,7 +198,7 @@ func TestOwns(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			c := &v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "ci", Generation: 4}}
+			c := &v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "ci", Generation: 4}, Spec: v1.ClusterSpec{Datastore: tc.datastore}}
 			if tc.deleting {
 				c.DeletionTimestamp = &metav1.Time{Time: time.Date(2026, 11, 30, 5, 0, 0, 0, time.UTC)}
 				c.Finalizers = []string{v1.Finalizer}

@@ -851,12 +851,14 @@ func (p *Provider) stopProcess(cluster string) error {
 
 // reapUnwanted stops control planes an earlier daemon left running for clusters
 // that are gone (deleted while no daemon ran, or their state dir kept after
-// the management API lost them). Called once the informer has synced.
+// the management API lost them) or that another host holds now (taken over
+// while this one was away): before anything starts, no tenant runs twice.
+// Called once the informer has synced.
 func (p *Provider) reapUnwanted() {
 	records, _ := filepath.Glob(filepath.Join(p.cfg.StateDir, "clusters", "*", "instance.json"))
 	for _, r := range records {
 		name := filepath.Base(filepath.Dir(r))
-		if _, err := p.lister.Get(name); err == nil {
+		if _, err := p.lister.Get(name); err == nil && p.heldHere(name) {
 			continue
 		}
 		killed, err := supervisor.Reap(r, 10*time.Second)
