@@ -136,6 +136,9 @@ type Options struct {
 	// FrontDoorDomain: cluster NAME is NAME.FrontDoorDomain, the TLS server
 	// name its clients send through the door or to its own port.
 	FrontDoorDomain string
+	// ServiceAddress is host:port kubeconfigs and runner credentials name
+	// instead of this host's door: one name for every host's door.
+	ServiceAddress string
 	// FrontDoorMaxConnsPerSource and FrontDoorMaxConns bound the connections
 	// the door carries at once from one source and from everyone.
 	FrontDoorMaxConnsPerSource int
@@ -402,6 +405,11 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 		if err := frontdoor.ValidateAddress(o.FrontDoor); err != nil {
 			return v, fmt.Errorf("--front-door %w", err)
 		}
+		if o.ServiceAddress != "" {
+			if err := frontdoor.ValidateAddress(o.ServiceAddress); err != nil {
+				return v, fmt.Errorf("--service-address %w", err)
+			}
+		}
 		door := frontdoor.Config{Address: o.FrontDoor}
 		if p := door.Port(); p == o.APIPort || p >= r.Lo && p <= r.Hi {
 			return v, fmt.Errorf("--front-door %s: port %d is the management API's (--api-port) or a tenant's (--port-range %s); pick another port", o.FrontDoor, p, r)
@@ -618,8 +626,9 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		// The door looks clusters up in the provider's cache; it serves
 		// once the provider exists.
 		door = frontdoor.New(frontdoor.Config{Address: v.FrontDoor, Domain: v.FrontDoorDomain,
-			MaxConnsPerSource: v.FrontDoorMaxConnsPerSource, MaxConns: v.FrontDoorMaxConns},
-			frontdoor.BackendsFunc(func(cluster string) (string, bool) { return prov.Backend(cluster) }),
+			MaxConnsPerSource: v.FrontDoorMaxConnsPerSource, MaxConns: v.FrontDoorMaxConns,
+			ServiceAddress: v.ServiceAddress, IsPeer: members.IsPeer},
+			frontdoor.BackendsFunc(func(cluster string, fromPeer bool) (string, bool) { return prov.Backend(cluster, fromPeer) }),
 			log.With("component", "frontdoor"))
 		reg.MustRegister(door.Collector())
 	}

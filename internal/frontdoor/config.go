@@ -12,6 +12,7 @@ package frontdoor
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -66,6 +67,13 @@ type Config struct {
 	// ValidateMaxConnsPerSource.
 	MaxConnsPerSource int
 	MaxConns          int
+	// ServiceAddress, if set, is host:port kubeconfigs name instead of the
+	// door's own address: a DNS name for every host's door, so a kubeconfig
+	// survives its cluster moving between hosts.
+	ServiceAddress string
+	// IsPeer says whether a source is another host of the service, whose door
+	// passes on connections for clusters this host runs; nil: none is.
+	IsPeer func(netip.Addr) bool
 }
 
 // ValidateMaxConns says whether total can be the door's MaxConns, and if
@@ -139,6 +147,9 @@ func (c Config) ServerName(cluster string) string { return cluster + "." + c.Dom
 // kubeconfig used on another machine changes only the host of this URL, and
 // tls-server-name keeps the certificate check and the routing.
 func (c Config) Server() string {
+	if c.ServiceAddress != "" {
+		return "https://" + c.ServiceAddress
+	}
 	host, port, _ := net.SplitHostPort(c.Address)
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		host = "127.0.0.1"

@@ -18,16 +18,19 @@ import (
 // Backends finds a cluster's apiserver. The daemon's provider implements it
 // from its informer cache, so a lookup costs no API call.
 type Backends interface {
-	// Backend returns the host:port of cluster's apiserver, or false when
-	// the door must not carry the cluster (there is none by that name).
-	Backend(cluster string) (addr string, ok bool)
+	// Backend returns the host:port of cluster's apiserver (on this host), or
+	// of the door of the host that runs it, or false when the door must not
+	// carry the cluster (there is none by that name). fromPeer: the connection
+	// came from another host's door, so only this host's apiserver will do; a
+	// second hop would loop between hosts that disagree on the owner.
+	Backend(cluster string, fromPeer bool) (addr string, ok bool)
 }
 
 // BackendsFunc adapts a function to Backends.
-type BackendsFunc func(cluster string) (string, bool)
+type BackendsFunc func(cluster string, fromPeer bool) (string, bool)
 
 // Backend calls f.
-func (f BackendsFunc) Backend(cluster string) (string, bool) { return f(cluster) }
+func (f BackendsFunc) Backend(cluster string, fromPeer bool) (string, bool) { return f(cluster, fromPeer) }
 
 // Door routes TLS connections by SNI. Make it with New, run it with Serve.
 type Door struct {
@@ -114,16 +117,20 @@ func sourceOf(a net.Addr) netip.Addr {
 	return ip
 }
 
+// fromPeer says whether src is another host of the service (Config.IsPeer).
+func (d *Door) fromPeer(src netip.Addr) bool { return d.cfg.IsPeer != nil && d.cfg.IsPeer(src) }
+
 // admit counts a new client connection from src, or says why it is refused:
 // too_many_connections (MaxConns) or too_many_from_source
 // (MaxConnsPerSource). An admitted one is given back with leave.
 func (d *Door) admit(src netip.Addr) string {
+	peer := d.fromPeer(src) // carries many clients: bound by MaxConns alone
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	switch {
 	case d.clients >= d.cfg.MaxConns:
 		return "too_many_connections"
-	case d.perSource[src] >= d.cfg.MaxConnsPerSource:
+	case !peer && d.perSource[src] >= d.cfg.MaxConnsPerSource:
 		return "too_many_from_source"
 	}
 	d.clients++
@@ -159,7 +166,7 @@ func (d *Door) handle(ctx context.Context, client net.Conn) {
 	cluster, ok := d.cfg.cluster(name)
 	var addr string
 	if ok {
-		addr, ok = d.backends.Backend(cluster)
+		addr, ok = d.backends.Backend(cluster, d.fromPeer(sourceOf(client.RemoteAddr())))
 	}
 	if !ok {
 		reason := "unknown_name"

@@ -162,7 +162,7 @@ func startDoor(t *testing.T, cfg Config, tenants ...*tenant) *testDoor {
 		t.Fatal(err)
 	}
 	cfg.Address = l.Addr().String()
-	d := New(cfg, BackendsFunc(func(c string) (string, bool) { a, ok := byName[c]; return a, ok }),
+	d := New(cfg, BackendsFunc(func(c string, _ bool) (string, bool) { a, ok := byName[c]; return a, ok }),
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(d.Collector())

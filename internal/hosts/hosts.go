@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -85,6 +87,10 @@ type Membership struct {
 	// alive is every host's liveness at the last poll; fenced this host's.
 	alive  map[string]bool
 	fenced bool
+	// doors are the other hosts' front doors (host:port), and peers their
+	// addresses, at the last poll.
+	doors map[string]string
+	peers map[netip.Addr]bool
 }
 
 type observation struct {
@@ -128,6 +134,7 @@ func (m *Membership) Join(ctx context.Context) (wait time.Duration, err error) {
 	if err := m.report(ctx); err != nil {
 		return 0, err
 	}
+	m.poll(ctx)
 	if lapsed {
 		return m.cfg.LeaseDuration, nil
 	}
@@ -165,6 +172,7 @@ func (m *Membership) poll(ctx context.Context) {
 			}
 		}
 	}
+	m.pollDoors(ctx)
 	hl, err := m.leases().List(ctx, metav1.ListOptions{LabelSelector: LeaseLabel + "=host"})
 	if err != nil {
 		m.log.Warn("reading the hosts' Leases", "err", err)
@@ -190,6 +198,65 @@ func (m *Membership) poll(ctx context.Context) {
 			m.cfg.OnHostLost(h)
 		}
 	}
+}
+
+// pollDoors reads where the other hosts' front doors are.
+func (m *Membership) pollDoors(ctx context.Context) {
+	list, err := m.dyn.Resource(v1.HostGVR).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		m.log.Warn("reading the Hosts", "err", err)
+		return
+	}
+	doors, peers := map[string]string{}, map[netip.Addr]bool{}
+	for i := range list.Items {
+		h, err := v1.HostFromUnstructured(&list.Items[i])
+		if err != nil || h.Name == m.cfg.Name {
+			continue
+		}
+		if a, err := netip.ParseAddr(h.Status.Address); err == nil {
+			peers[a.Unmap()] = true
+		}
+		if door, ok := DoorAddress(h.Status); ok {
+			doors[h.Name] = door
+			if ap, err := netip.ParseAddrPort(door); err == nil {
+				peers[ap.Addr().Unmap()] = true
+			}
+		}
+	}
+	m.mu.Lock()
+	m.doors, m.peers = doors, peers
+	m.mu.Unlock()
+}
+
+// DoorAddress is where other hosts reach a host's front door: its --front-door,
+// with its --host-address for a door on every interface.
+func DoorAddress(st v1.HostStatus) (string, bool) {
+	host, port, err := net.SplitHostPort(st.FrontDoor)
+	if err != nil || port == "" {
+		return "", false
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		if st.Address == "" {
+			return "", false
+		}
+		host = st.Address
+	}
+	return net.JoinHostPort(host, port), true
+}
+
+// DoorOf is the front door of another host, at the last poll.
+func (m *Membership) DoorOf(host string) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d, ok := m.doors[host]
+	return d, ok
+}
+
+// IsPeer says whether addr is another host's, at the last poll.
+func (m *Membership) IsPeer(addr netip.Addr) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.peers[addr.Unmap()]
 }
 
 // HostLive says whether host was live at the last poll; known is false for a

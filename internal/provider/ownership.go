@@ -40,6 +40,9 @@ type Ownership interface {
 	// Takeover moves a cluster's Lease from a host whose Lease lapsed to this
 	// one; hosts.ErrHeldElsewhere when another host was first or from is back.
 	Takeover(ctx context.Context, cluster, from string) error
+	// DoorOf is another host's front door (host:port), for connections to the
+	// clusters it runs.
+	DoorOf(host string) (string, bool)
 }
 
 // Reasons of the Placed condition.

@@ -76,6 +76,11 @@ func (f *fakeOwnership) Takeover(_ context.Context, cluster, from string) error 
 	return f.takeoverErr
 }
 
+func (f *fakeOwnership) DoorOf(host string) (string, bool) {
+	f.calls = append(f.calls, "DoorOf "+host)
+	return "", false
+}
+
 // hostsView is a view of live hosts, each with free memory in GiB, none holding anything.
 func hostsView(free map[string]int64) hosts.View {
 	v := hosts.View{Live: map[string]bool{}, Holders: map[string]string{}}

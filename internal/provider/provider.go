@@ -730,16 +730,26 @@ func (p *Provider) setPrepared(cluster string, ok bool) {
 	}
 }
 
-// Backend is the loopback address of a cluster's apiserver, for the front
-// door: from the informer cache, so a connection costs no API call.
-func (p *Provider) Backend(cluster string) (string, bool) {
+// Backend is the loopback address of a cluster's apiserver, or the door of the
+// host that runs it, for the front door: from caches, so a connection costs no
+// API call.
+func (p *Provider) Backend(cluster string, fromPeer bool) (string, bool) {
 	obj, err := p.lister.Get(cluster)
 	if err != nil {
 		return "", false
 	}
 	u, ok := obj.(*unstructured.Unstructured)
-	if !ok || !p.runsHere(u) {
+	if !ok {
 		return "", false
+	}
+	if !p.runsHere(u) {
+		// Another host runs it: its door, which reaches it on its loopback; TLS
+		// stays between the client and the tenant's apiserver.
+		host, _, _ := unstructured.NestedString(u.Object, "status", "host")
+		if fromPeer || host == "" || p.cfg.Ownership == nil {
+			return "", false
+		}
+		return p.cfg.Ownership.DoorOf(host)
 	}
 	port, found, err := unstructured.NestedInt64(u.Object, "status", "port")
 	if err != nil || !found || port <= 0 {

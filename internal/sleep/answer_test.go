@@ -291,7 +291,7 @@ func TestGateFailedWakeThroughTheFrontDoor(t *testing.T) {
 		t.Fatal(err)
 	}
 	door := frontdoor.New(frontdoor.Config{Address: l.Addr().String(), Domain: doorDomain},
-		frontdoor.BackendsFunc(func(c string) (string, bool) { return g.Addr(), c == "ci" }),
+		frontdoor.BackendsFunc(func(c string, _ bool) (string, bool) { return g.Addr(), c == "ci" }),
 		slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

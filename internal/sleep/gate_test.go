@@ -337,7 +337,7 @@ func door(t *testing.T, g *Gate) string {
 		t.Fatal(err)
 	}
 	d := frontdoor.New(frontdoor.Config{Address: l.Addr().String(), Domain: doorDomain},
-		frontdoor.BackendsFunc(func(c string) (string, bool) { return g.Addr(), c == "ci" }),
+		frontdoor.BackendsFunc(func(c string, _ bool) (string, bool) { return g.Addr(), c == "ci" }),
 		slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
