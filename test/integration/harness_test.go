@@ -64,7 +64,10 @@ type daemon struct {
 	extra     []string
 	// binary, if set, is the socialweb build this daemon runs (an upgrade); else
 	// the build under test.
-	binary  string
+	binary string
+	// netns, if set, is the network namespace the daemon and its CLI run in:
+	// one host of several on this machine.
+	netns   string
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	logPath string
@@ -182,6 +185,10 @@ func (d *daemon) start() {
 		bin = d.binary
 	}
 	d.cmd = exec.Command(bin, d.args()...)
+	if d.netns != "" {
+		// ip execs the daemon: its pid is the daemon's.
+		d.cmd = exec.Command("ip", append([]string{"netns", "exec", d.netns, bin}, d.args()...)...)
+	}
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)
@@ -239,6 +246,9 @@ func (d *daemon) stop(sig syscall.Signal) {
 
 // cli runs a socialweb CLI command against this daemon.
 func (d *daemon) cli(args ...string) (stdout, stderr string, code int) {
+	if d.netns != "" {
+		return runIn(d.netns, append(args, "--state-dir", d.stateDir)...)
+	}
 	return run(append(args, "--state-dir", d.stateDir)...)
 }
 
