@@ -621,14 +621,19 @@ func TestConnectionLimits(t *testing.T) {
 	tests := []struct {
 		name             string
 		perSource, total int
+		peer             string // a source IsPeer says is another host's door
 		steps            []step
 	}{
-		{"per source", 2, 10, []step{
+		{"per source", 2, 10, "", []step{
 			{"127.0.0.2", ""}, {"127.0.0.2", ""}, {"127.0.0.2", "too_many_from_source"},
 			{"127.0.0.3", ""},
 			{"close 0", ""}, {"127.0.0.2", ""}, {"127.0.0.2", "too_many_from_source"},
 		}},
-		{"in total", 2, 3, []step{
+		// Another host's door carries many clients: the total bounds it, not the per-source limit.
+		{"a peer", 2, 4, "127.0.0.9", []step{
+			{"127.0.0.9", ""}, {"127.0.0.9", ""}, {"127.0.0.9", ""}, {"127.0.0.2", ""}, {"127.0.0.9", "too_many_connections"},
+		}},
+		{"in total", 2, 3, "", []step{
 			{"127.0.0.2", ""}, {"127.0.0.3", ""}, {"127.0.0.4", ""}, {"127.0.0.5", "too_many_connections"},
 			{"127.0.0.2", "too_many_connections"},
 			{"close 1", ""}, {"127.0.0.5", ""}, {"127.0.0.6", "too_many_connections"},
@@ -637,7 +642,11 @@ func TestConnectionLimits(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			a := newTenant(t, "alpha", greet("alpha"))
-			td := startDoor(t, Config{MaxConnsPerSource: tc.perSource, MaxConns: tc.total}, a)
+			cfg := Config{MaxConnsPerSource: tc.perSource, MaxConns: tc.total}
+			if tc.peer != "" {
+				cfg.IsPeer = func(a netip.Addr) bool { return a.String() == tc.peer }
+			}
+			td := startDoor(t, cfg, a)
 			var carried []*tls.Conn
 			defer func() {
 				for _, c := range carried {

@@ -479,3 +479,26 @@ func TestFenced(t *testing.T) {
 		})
 	}
 }
+
+func TestDoorAddress(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		st     v1.HostStatus
+		want   string
+		wantOK bool
+	}{
+		{"a door on one address", v1.HostStatus{FrontDoor: "192.0.2.1:8443", Address: "192.0.2.9"}, "192.0.2.1:8443", true},
+		{"a door on every interface takes the host's address", v1.HostStatus{FrontDoor: "0.0.0.0:8443", Address: "192.0.2.9"}, "192.0.2.9:8443", true},
+		{"no host in the door's address", v1.HostStatus{FrontDoor: ":8443", Address: "192.0.2.9"}, "192.0.2.9:8443", true},
+		{"a door on every interface and no host address", v1.HostStatus{FrontDoor: "0.0.0.0:8443"}, "", false},
+		{"no door", v1.HostStatus{Address: "192.0.2.9"}, "", false},
+		{"a named door", v1.HostStatus{FrontDoor: "door.example:443"}, "door.example:443", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := DoorAddress(tc.st)
+			if got != tc.want || ok != tc.wantOK {
+				t.Errorf("DoorAddress(%+v) = %q, %v; want %q, %v", tc.st, got, ok, tc.want, tc.wantOK)
+			}
+		})
+	}
+}

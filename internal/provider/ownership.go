@@ -8,13 +8,17 @@ import (
 	"path/filepath"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/hosts"
+	"github.com/socialweb-computer/socialweb/internal/pki"
 	"github.com/socialweb-computer/socialweb/internal/placement"
 	"github.com/socialweb-computer/socialweb/internal/supervisor"
 )
@@ -161,6 +165,9 @@ func (p *Provider) takeOver(ctx context.Context, c *v1.Cluster, holder string) (
 	why := fmt.Sprintf("taken over from %s, whose Lease lapsed; %s", holder, d.Reason)
 	p.log.Warn("cluster taken over", "cluster", c.Name, "from", holder, "reason", d.Reason)
 	p.setPrepared(c.Name, false)
+	p.failMu.Lock()
+	p.takenOver[c.Name] = true
+	p.failMu.Unlock()
 	return true, claimedRequeue, p.recordPlaced(ctx, c.Name, o.Name(), metav1.ConditionTrue, ReasonFailedOver, why)
 }
 
@@ -280,4 +287,39 @@ func (p *Provider) heldHere(cluster string) bool {
 	defer cancel()
 	holder, err := o.Holder(ctx, cluster)
 	return err != nil || holder == "" || holder == o.Name()
+}
+
+// removeStaleNodes deletes, once a cluster taken over answers here, every Node
+// it has: each ran on the host it was taken from, which is gone, and until
+// they turn NotReady (a minute) the scheduler would bind new Pods to them.
+// The node services then boot nodes here for the Pods left Pending.
+func (p *Provider) removeStaleNodes(ctx context.Context, cluster string) error {
+	p.failMu.Lock()
+	stale := p.takenOver[cluster]
+	p.failMu.Unlock()
+	if !stale {
+		return nil
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(ClusterDir(p.cfg.StateDir, cluster), pki.Daemon.Name+".kubeconfig"))
+	if err != nil {
+		return err
+	}
+	k, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	nodes, err := k.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing the Nodes of %s, taken over: %w", cluster, err)
+	}
+	for _, n := range nodes.Items {
+		if err := k.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting Node %s of %s, which ran on the host it was taken from: %w", n.Name, cluster, err)
+		}
+		p.log.Info("deleted a Node of the host the cluster was taken from", "cluster", cluster, "node", n.Name)
+	}
+	p.failMu.Lock()
+	delete(p.takenOver, cluster)
+	p.failMu.Unlock()
+	return nil
 }

@@ -37,6 +37,7 @@ type fakeOwnership struct {
 	// hostLive is each host's liveness (absent: unknown); takeoverErr Takeover's.
 	hostLive    map[string]bool
 	takeoverErr error
+	doors       map[string]string // DoorOf's answers
 	calls       []string
 }
 
@@ -78,7 +79,8 @@ func (f *fakeOwnership) Takeover(_ context.Context, cluster, from string) error 
 
 func (f *fakeOwnership) DoorOf(host string) (string, bool) {
 	f.calls = append(f.calls, "DoorOf "+host)
-	return "", false
+	d, ok := f.doors[host]
+	return d, ok
 }
 
 // hostsView is a view of live hosts, each with free memory in GiB, none holding anything.
@@ -213,7 +215,7 @@ func TestOwns(t *testing.T) {
 			if tc.own != nil {
 				cfg.Ownership = tc.own
 			}
-			p := &Provider{cfg: cfg, dyn: dyn, log: slog.New(slog.DiscardHandler)}
+			p := &Provider{cfg: cfg, dyn: dyn, log: slog.New(slog.DiscardHandler), prepared: map[string]bool{}, takenOver: map[string]bool{}}
 
 			owned, wait, err := p.owns(ctx, c)
 			if owned != tc.wantOwned || wait != tc.wantWait || !errors.Is(err, tc.wantErr) || (err == nil) != (tc.wantErr == nil) {
@@ -338,5 +340,49 @@ func TestOwnsUnplaceableSaysWhy(t *testing.T) {
 	}
 	if cond := meta.FindStatusCondition(got.Status.Conditions, v1.ConditionPlaced); cond == nil || !strings.Contains(cond.Message, "a: its Lease lapsed") {
 		t.Errorf("Placed %+v; want a message naming a's lapsed Lease", cond)
+	}
+}
+
+// The door carries a cluster to its own loopback port, to the door of the host
+// that runs it, or nowhere: never a second hop for a connection from a peer.
+func TestBackend(t *testing.T) {
+	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	for _, c := range []v1.Cluster{
+		{ObjectMeta: metav1.ObjectMeta{Name: "here"}, Status: v1.ClusterStatus{Host: "a", Port: 7501}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "there"}, Status: v1.ClusterStatus{Host: "b", Port: 7502}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "lost"}, Status: v1.ClusterStatus{Host: "gone", Port: 7503}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "unplaced"}},
+	} {
+		u, err := c.ToUnstructured()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := indexer.Add(u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lister := cache.NewGenericLister(indexer, v1.ClusterResource.GroupResource())
+	own := &fakeOwnership{name: "a", doors: map[string]string{"b": "192.0.2.2:8443"}}
+	for _, tc := range []struct {
+		name, cluster string
+		fromPeer      bool
+		want          string
+		wantOK        bool
+	}{
+		{"run here", "here", false, "127.0.0.1:7501", true},
+		{"run here, from a peer", "here", true, "127.0.0.1:7501", true},
+		{"run on b", "there", false, "192.0.2.2:8443", true},
+		{"run on b, from a peer: no second hop", "there", true, "", false},
+		{"its host has no known door", "lost", false, "", false},
+		{"placed nowhere yet", "unplaced", false, "", false},
+		{"no such cluster", "nope", false, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &Provider{cfg: Config{Ownership: own}, lister: lister}
+			got, ok := p.Backend(tc.cluster, tc.fromPeer)
+			if got != tc.want || ok != tc.wantOK {
+				t.Errorf("Backend(%s, %v) = %q, %v; want %q, %v", tc.cluster, tc.fromPeer, got, ok, tc.want, tc.wantOK)
+			}
+		})
 	}
 }

@@ -169,6 +169,9 @@ type Provider struct {
 	// network's rules were last made with: a Cluster edit that changes it
 	// re-applies them (OpEnsureNetwork). Under failMu.
 	egressApplied map[string]string
+	// takenOver holds the clusters taken over from a lost host whose Nodes (all
+	// of that host) are still to be deleted. Under failMu.
+	takenOver map[string]bool
 	// sleepers is the sleep state of clusters that may sleep (sleep.go).
 	sleepMu      sync.Mutex
 	sleepers     map[string]*sleeper
@@ -201,6 +204,7 @@ func New(cfg Config, log *slog.Logger, dyn dynamic.Interface, kube kubernetes.In
 		sleepers: map[string]*sleeper{},
 
 		egressApplied: map[string]string{},
+		takenOver:     map[string]bool{},
 
 		sleepMetrics: sleep.NewMetrics(),
 	}
@@ -346,6 +350,9 @@ func (p *Provider) reconcile(ctx context.Context, name string) (time.Duration, e
 		p.queue.Add(c.Name) // the Wake condition
 	}
 	if plan.Phase == v1.PhaseReady && obs.Lease != nil {
+		if err := p.removeStaleNodes(ctx, c.Name); err != nil {
+			p.log.Error("removing the Nodes of the host a cluster was taken from", "cluster", c.Name, "err", err)
+		}
 		if err := p.startNodeServices(ctx, c, *obs.Lease); err != nil {
 			p.log.Error("starting node services", "cluster", c.Name, "err", err)
 		}
