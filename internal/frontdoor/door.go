@@ -30,7 +30,9 @@ type Backends interface {
 type BackendsFunc func(cluster string, fromPeer bool) (string, bool)
 
 // Backend calls f.
-func (f BackendsFunc) Backend(cluster string, fromPeer bool) (string, bool) { return f(cluster, fromPeer) }
+func (f BackendsFunc) Backend(cluster string, fromPeer bool) (string, bool) {
+	return f(cluster, fromPeer)
+}
 
 // Door routes TLS connections by SNI. Make it with New, run it with Serve.
 type Door struct {
