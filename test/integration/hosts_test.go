@@ -170,5 +170,8 @@ func (d *daemon) managementKube() kubernetes.Interface {
 	if err != nil {
 		d.t.Fatalf("the management API's kubeconfig: %v", err)
 	}
+	if d.netns != "" {
+		cfg.Dial = netnsDial(d.netns) // it listens on the namespace's loopback
+	}
 	return kubernetes.NewForConfigOrDie(cfg)
 }

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -291,5 +294,35 @@ func TestHostsFailOver(t *testing.T) {
 		if _, err := tenantVia(t, h1, name).CoreV1().ConfigMaps("default").Get(ctx, "kept-"+name, metav1.GetOptions{}); err != nil {
 			t.Errorf("%s through host 1's door after host 2 came back: %v", name, err)
 		}
+	}
+}
+
+// netnsDial dials from network namespace ns: the socket is made on a thread
+// moved into ns for the call, and works from any thread after.
+func netnsDial(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		type result struct {
+			c   net.Conn
+			err error
+		}
+		ch := make(chan result, 1)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine, namespace and all
+			f, err := os.Open(filepath.Join("/var/run/netns", ns))
+			if err != nil {
+				ch <- result{nil, err}
+				return
+			}
+			defer f.Close()
+			if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+				ch <- result{nil, fmt.Errorf("entering network namespace %s: %w", ns, err)}
+				return
+			}
+			var d net.Dialer
+			c, err := d.DialContext(ctx, network, addr)
+			ch <- result{c, err}
+		}()
+		r := <-ch
+		return r.c, r.err
 	}
 }
