@@ -72,6 +72,19 @@
 //	<Dir>/upstream/<repo>/_tags/<tag>                               a tag pulled through: the digest, mtime = last confirmed
 //	<Dir>/charges/<cluster>/<hex>                                   the cluster that brought blob <hex> in (charges.go)
 //
+// # Several hosts
+//
+// Hosts sharing one management API keep a store each. Pull-through stays per host:
+// each fetches from upstream what its own nodes use, so hosts need no shared file
+// system and none depends on another for the world's images. Pushed images are the
+// operator's and exist where they were pushed, so a node's request for a reference its
+// view lacks asks the other hosts (Server.Peers) before upstream; a peer holding it
+// as a pushed image of the same scope (shared, or pushed for that node's cluster)
+// serves it over PeerHandler (read-only, pushed content only; the daemon serves it on
+// --registry-peer-address over mutual TLS), and it is copied here as pushed content of
+// that scope: served from the store from then on, never replaced from upstream
+// (peers.go).
+//
 // # Why not a library, and which one for upstream
 //
 // For the upstream side (ping, Basic and Bearer token auth, token refresh, error

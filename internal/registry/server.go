@@ -48,6 +48,9 @@ type Server struct {
 	// with QUOTA_EXCEEDED, shared images included; what is stored is served whatever
 	// the quota. 0 is none.
 	ClusterQuota int64
+	// Peers, if set, lists the other hosts of the service, asked for a pushed image a
+	// node wants and this store lacks before upstream is (peers.go).
+	Peers func() []Peer
 
 	once     sync.Once
 	initErr  error
@@ -60,6 +63,9 @@ type Server struct {
 	fillMu   sync.Mutex
 	fills    map[string]*fill     // blobs being fetched from upstream, by digest
 	awaiting map[string]time.Time // pulled image manifests whose blobs are not all here
+
+	peerMu     sync.Mutex
+	peerCopies map[string]chan struct{} // copies from peers under way, by cluster, name and reference
 }
 
 func (s *Server) init() error {

@@ -104,6 +104,12 @@ func (s *Server) readManifest(ctx context.Context, v *view, name, ref string) ([
 		}
 	}
 	content, mt, digest, err := s.st.getManifest(name, ref)
+	if IsCode(err, errManifestUnknown) {
+		// Pushed on another host, perhaps: asked there before upstream (peers.go).
+		if c, m, d, ok := s.fromPeers(ctx, v, name, ref); ok {
+			return c, m, d, nil
+		}
+	}
 	up, ok := s.upstreamOf(name)
 	if !ok {
 		return content, mt, digest, err
