@@ -53,6 +53,9 @@ type HostStatus struct {
 	Tenants    int32       `json:"tenants"`
 	Awake      int32       `json:"awake"`
 	Reported   metav1.Time `json:"reported,omitempty"`
+	// Registry is host:port of its registry's peer listener (pushed images, for
+	// the other hosts, over mutual TLS), empty without one.
+	Registry string `json:"registry,omitempty"`
 }
 
 // HostLeaseName is the Lease (in SystemNamespace) a live host renews.

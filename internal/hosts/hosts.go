@@ -51,6 +51,7 @@ type Config struct {
 	Name       string
 	Address    string
 	FrontDoor  string
+	Registry   string // host:port of its registry's peer listener (HostStatus.Registry)
 	Version    string
 	MaxTenants int
 	// Shared: other hosts share the management API and may take this host's
@@ -332,7 +333,7 @@ func (m *Membership) renew(ctx context.Context) (lapsed bool, err error) {
 
 // report writes this host's Host object.
 func (m *Membership) report(ctx context.Context) error {
-	st := v1.HostStatus{Address: m.cfg.Address, FrontDoor: m.cfg.FrontDoor, Version: m.cfg.Version,
+	st := v1.HostStatus{Address: m.cfg.Address, FrontDoor: m.cfg.FrontDoor, Registry: m.cfg.Registry, Version: m.cfg.Version,
 		MaxTenants: int32(m.cfg.MaxTenants), Reported: metav1.NewTime(m.cfg.Now())}
 	if m.cfg.Resources != nil {
 		r, err := m.cfg.Resources()
