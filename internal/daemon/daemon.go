@@ -170,6 +170,10 @@ type Options struct {
 	// is this machine's hostname. HostAddress is where other hosts reach it.
 	HostName    string
 	HostAddress string
+	// RegistryPeerAddress is host:port of the registry's peer listener, where
+	// other hosts fetch the images pushed here (mutual TLS; peers.go); "" is
+	// HostAddress:7444 with a HostAddress, else off.
+	RegistryPeerAddress string
 	// ClusterKeyFile holds the key the service's shared bootstrap is sealed
 	// with (PostgreSQL only); "" is STATE/cluster.key, made on first start.
 	ClusterKeyFile string
@@ -306,6 +310,9 @@ type validated struct {
 	cgroups *cgroup.Hierarchy
 	// hostName is --host-name or the machine's.
 	hostName string
+	// registryPeer is where other hosts reach the registry's peer listener once
+	// it listens ("" none).
+	registryPeer string
 }
 
 // Validate checks everything that can be checked before anything is
@@ -336,6 +343,9 @@ func Validate(ctx context.Context, o Options, log *slog.Logger) (validated, erro
 		return v, err
 	}
 	if err := validateHosts(o); err != nil {
+		return v, err
+	}
+	if err := validateRegistryPeer(o); err != nil {
 		return v, err
 	}
 	if _, err := supervisor.ParseUpgrade(string(o.Upgrade)); o.Upgrade != "" && err != nil {
@@ -580,6 +590,11 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	if err := installAPI(ctx, restCfg, kube); err != nil {
 		return err
 	}
+	// Before joining: the Host object names the peer listener once it listens.
+	peerListener, err := listenRegistryPeers(&v, log)
+	if err != nil {
+		return err
+	}
 	// The provider is made later, and read from membership's goroutine: until
 	// it is there, membership has nothing to tell it.
 	var provRef atomic.Pointer[provider.Provider]
@@ -601,6 +616,11 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 			}
 		},
 	}, log)
+	if err != nil {
+		return err
+	}
+
+	peers, err := startRegistryPeers(ctx, v, peerListener, members, dyn, log)
 	if err != nil {
 		return err
 	}
@@ -637,7 +657,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 			SharedLayers: v.SharedLayers, Executable: v.Executable, WarmPool: v.WarmPool, WarmPoolShape: warmPoolShape(v.Defaults),
 			WarmPoolPrewarm: v.WarmPoolPrewarm, WarmPoolRefillDelay: v.WarmPoolRefillDelay, Upstream: v.upstream,
 			ImageCacheSize: v.ImageCacheSize, ClusterQuota: v.ImageClusterQuota, Cgroups: v.cgroups, BuildCache: cache,
-			BuiltinImages: v.BuiltinImages},
+			BuiltinImages: v.BuiltinImages, RegistryPeers: peers.List},
 		nodeservice.Deps{Networks: nets, Plan: plan, Status: provider.ScaleStatus{Client: dyn}, Metrics: reg, Log: log})
 	if err != nil {
 		return err

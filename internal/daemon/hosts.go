@@ -213,7 +213,7 @@ func joinHosts(ctx context.Context, v validated, name, version string, kube kube
 	if d == 0 {
 		d = hosts.DefaultLeaseDuration
 	}
-	m := hosts.New(hosts.Config{Name: name, Address: v.HostAddress, FrontDoor: v.FrontDoor, Version: version, MaxTenants: v.MaxTenants,
+	m := hosts.New(hosts.Config{Name: name, Address: v.HostAddress, FrontDoor: v.FrontDoor, Registry: v.registryPeer, Version: version, MaxTenants: v.MaxTenants,
 		LeaseDuration: d, RenewEvery: d / 3, Shared: v.store.Kind() == "postgres", Resources: readResources,
 		Tenants: hooks.tenants, OnHostLost: hooks.hostLost, OnFenced: hooks.fenced},
 		kube, dyn, log.With("component", "hosts"))

@@ -80,6 +80,9 @@ type Config struct {
 	// the registry as they are; empty builds them (which needs the Go toolchain and
 	// Debian's mirror). The package ships them, for a host without Go.
 	BuiltinImages string
+	// RegistryPeers lists the other hosts' registries, asked for a pushed image the
+	// registry lacks before upstream is (registry.Server.Peers); nil asks none.
+	RegistryPeers func() []registry.Peer
 }
 
 // GCInterval is how often the registry is garbage collected.
@@ -146,7 +149,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (NodeServices, error) {
 	if err := os.MkdirAll(regDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the registry dir: %w", err)
 	}
-	rs := &registry.Server{Dir: regDir, Logger: log.With("component", "registry"), Upstream: cfg.Upstream, ClusterQuota: cfg.ClusterQuota}
+	rs := &registry.Server{Dir: regDir, Logger: log.With("component", "registry"), Upstream: cfg.Upstream, ClusterQuota: cfg.ClusterQuota, Peers: cfg.RegistryPeers}
 	if deps.Metrics != nil {
 		if err := deps.Metrics.Register(rs.Collector()); err != nil {
 			qp.Close()
