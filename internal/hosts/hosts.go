@@ -136,7 +136,7 @@ func (m *Membership) Join(ctx context.Context) (wait time.Duration, err error) {
 		return 0, err
 	}
 	m.poll(ctx)
-	if lapsed {
+	if lapsed && m.cfg.Shared { // alone, no one could have taken a tenant
 		return m.cfg.LeaseDuration, nil
 	}
 	return 0, nil

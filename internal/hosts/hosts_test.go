@@ -161,7 +161,7 @@ func TestRejoin(t *testing.T) {
 	s := newService()
 	c := newClock()
 	tenants := 1
-	m := New(Config{Name: "a", LeaseDuration: lease, Now: c.Now, Tenants: func() (int, int) { return tenants, 0 }},
+	m := New(Config{Name: "a", Shared: true, LeaseDuration: lease, Now: c.Now, Tenants: func() (int, int) { return tenants, 0 }},
 		s.kube, s.dyn, slog.New(slog.DiscardHandler))
 	if _, err := m.Join(ctx); err != nil {
 		t.Fatal(err)
@@ -500,5 +500,20 @@ func TestDoorAddress(t *testing.T) {
 				t.Errorf("DoorAddress(%+v) = %q, %v; want %q, %v", tc.st, got, ok, tc.want, tc.wantOK)
 			}
 		})
+	}
+}
+
+// A host alone (sqlite) never waits at a rejoin: no one could have taken its tenants.
+func TestRejoinAlone(t *testing.T) {
+	ctx := context.Background()
+	s := newService()
+	c := newClock()
+	m := New(Config{Name: "a", LeaseDuration: lease, Now: c.Now}, s.kube, s.dyn, slog.New(slog.DiscardHandler))
+	if _, err := m.Join(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.Advance(10 * lease)
+	if wait, err := m.Join(ctx); err != nil || wait != 0 {
+		t.Errorf("Join of a lapsed host alone = %v, %v; want 0", wait, err)
 	}
 }

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -171,8 +173,8 @@ func tenantVia(t *testing.T, d *daemon, cluster string) kubernetes.Interface {
 
 // TestHostsFailOver: three hosts, each a daemon in a network namespace of its
 // own, one PostgreSQL. Three tenants are spread over them; through host 1's
-// door each answers, and a Pod of the one on host 2 runs on a node host 2
-// booted. Host 2 is killed with everything it ran: its tenant answers again
+// door each answers, and a Pod of the one on host 2 runs, on a node host 2
+// booted, an image pushed on host 1 only. Host 2 is killed with everything it ran: its tenant answers again
 // through host 1's door with its objects kept, loses its dead node and runs a
 // new Pod on a node of its new host. Host 2 comes back and runs none of it.
 func TestHostsFailOver(t *testing.T) {
@@ -230,7 +232,21 @@ func TestHostsFailOver(t *testing.T) {
 		}
 		return p.Spec.NodeName
 	}
-	runPod(t, ctx, k, pod("before"), "ran")
+	// An image pushed once, on host 1, runs on host 2's node: host 2's registry
+	// copies it from host 1's over their mutual-TLS peer listeners.
+	im, token := testImage(t, ctx, "pushed-once")
+	ref, err := name.NewTag("socialweb.test/pushed-once:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tarPath := filepath.Join(t.TempDir(), "pushed-once.tar")
+	if err := tarball.WriteToFile(tarPath, ref, im); err != nil {
+		t.Fatal(err)
+	}
+	h1.mustCLI("image", "push", tarPath)
+	before := pod("before")
+	before.Spec.Containers[0].Image, before.Spec.Containers[0].Command = ref.String(), []string{"cat", "/token"}
+	runPod(t, ctx, k, before, token)
 	oldNode := nodeOf("before")
 	if _, err := os.Stat(filepath.Join(h2.stateDir, "nodes", oldNode)); err != nil {
 		t.Fatalf("the Pod of %s ran on node %s, which host 2 (its host) did not boot: %v", victim, oldNode, err)
