@@ -166,6 +166,9 @@ type ClusterStatus struct {
 	// Host is the host that runs the control plane and the nodes: the holder of the
 	// cluster's Lease in the management API.
 	Host string `json:"host,omitempty"`
+	// MovingTo is the host the cluster is being handed to (its host is drained):
+	// front doors hold its new connections until it answers there.
+	MovingTo string `json:"movingTo,omitempty"`
 	// URL is the tenant apiserver's address on the host loopback.
 	URL string `json:"url,omitempty"`
 	// Port is the leased apiserver port; it stays the same for the cluster's life.

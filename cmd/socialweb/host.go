@@ -23,7 +23,7 @@ func newHostCommand(g *globalOptions) *cobra.Command {
 		Use:   "host",
 		Short: "The hosts of the service: the daemons that share one management API",
 	}
-	cmd.AddCommand(newHostListCommand(g))
+	cmd.AddCommand(newHostListCommand(g), newHostDrainCommand(g), newHostResumeCommand(g))
 	return cmd
 }
 

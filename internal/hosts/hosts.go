@@ -92,6 +92,8 @@ type Membership struct {
 	// addresses, at the last poll.
 	doors map[string]string
 	peers map[netip.Addr]bool
+	// draining is this host's Host spec.draining at the last report.
+	draining bool
 }
 
 type observation struct {
@@ -366,6 +368,9 @@ func (m *Membership) report(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	m.mu.Lock()
+	m.draining = h.Spec.Draining
+	m.mu.Unlock()
 	h.Status = st
 	if u, err = h.ToUnstructured(); err != nil {
 		return err
@@ -514,6 +519,34 @@ func (m *Membership) Takeover(ctx context.Context, cluster, from string) error {
 		return fmt.Errorf("%w: another host took %s first", ErrHeldElsewhere, cluster)
 	} else if err != nil {
 		return fmt.Errorf("taking over %s: %w", cluster, err)
+	}
+	return nil
+}
+
+// Draining says whether `host drain` asked this host to give its tenants away
+// (its Host's spec, as last read).
+func (m *Membership) Draining() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.draining
+}
+
+// Handover gives a tenant this host holds to host to: the Lease's holder
+// changes with a compare-and-swap, so no other change is lost.
+func (m *Membership) Handover(ctx context.Context, cluster, to string) error {
+	l, err := m.leases().Get(ctx, v1.TenantLeaseName(cluster), metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading the Lease of %s: %w", cluster, err)
+	}
+	if holder := ptr.Deref(l.Spec.HolderIdentity, ""); holder != m.cfg.Name {
+		return fmt.Errorf("%w: %s holds %s, not this host", ErrHeldElsewhere, holder, cluster)
+	}
+	now := metav1.NewMicroTime(m.cfg.Now())
+	l.Spec.HolderIdentity = ptr.To(to)
+	l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
+	l.Spec.LeaseTransitions = ptr.To(ptr.Deref(l.Spec.LeaseTransitions, 0) + 1)
+	if _, err := m.leases().Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("handing %s to %s: %w", cluster, to, err)
 	}
 	return nil
 }

@@ -79,7 +79,7 @@ func (p *Provider) owns(ctx context.Context, c *v1.Cluster) (owned bool, wait ti
 	if o == nil {
 		return true, 0, nil
 	}
-	if o.Fenced() {
+	if o.Fenced() || p.isMoving(c.Name) {
 		return false, unplacedRetry, nil
 	}
 	holder, err := o.Holder(ctx, c.Name)
@@ -210,11 +210,12 @@ func (p *Provider) hasLocalData(cluster string) bool {
 func (p *Provider) recordPlaced(ctx context.Context, cluster, host string, status metav1.ConditionStatus, reason, msg string) error {
 	return ScaleStatus{Client: p.dyn}.updateIf(ctx, cluster, func(c *v1.Cluster) bool {
 		cur := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionPlaced)
-		if c.Status.Host == host && cur != nil && cur.Status == status && cur.Reason == reason && cur.Message == msg {
+		if c.Status.Host == host && c.Status.MovingTo == "" && cur != nil && cur.Status == status && cur.Reason == reason && cur.Message == msg {
 			return false
 		}
 		if host != "" {
 			c.Status.Host = host
+			c.Status.MovingTo = "" // whatever move there was ended here
 		}
 		meta.SetStatusCondition(&c.Status.Conditions, metav1.Condition{Type: v1.ConditionPlaced, Status: status, Reason: reason,
 			Message: truncate(msg), ObservedGeneration: c.Generation})

@@ -172,6 +172,8 @@ type Provider struct {
 	// takenOver holds the clusters taken over from a lost host whose Nodes (all
 	// of that host) are still to be deleted. Under failMu.
 	takenOver map[string]bool
+	// moving holds the clusters this host is handing over (drain.go). Under failMu.
+	moving map[string]bool
 	// sleepers is the sleep state of clusters that may sleep (sleep.go).
 	sleepMu      sync.Mutex
 	sleepers     map[string]*sleeper
@@ -205,6 +207,7 @@ func New(cfg Config, log *slog.Logger, dyn dynamic.Interface, kube kubernetes.In
 
 		egressApplied: map[string]string{},
 		takenOver:     map[string]bool{},
+		moving:        map[string]bool{},
 
 		sleepMetrics: sleep.NewMetrics(),
 	}
@@ -249,6 +252,7 @@ func (p *Provider) Run(ctx context.Context) error {
 	p.reapUnwanted()
 	go p.probeLoop(ctx)
 	go p.sleepLoop(ctx)
+	go p.drainLoop(ctx)
 	go func() {
 		<-ctx.Done()
 		p.queue.ShutDown()
@@ -350,6 +354,9 @@ func (p *Provider) reconcile(ctx context.Context, name string) (time.Duration, e
 		p.queue.Add(c.Name) // the Wake condition
 	}
 	if plan.Phase == v1.PhaseReady && obs.Lease != nil {
+		if err := p.arrived(ctx, c); err != nil {
+			p.log.Error("recording a cluster moved here", "cluster", c.Name, "err", err)
+		}
 		if err := p.removeStaleNodes(ctx, c.Name); err != nil {
 			p.log.Error("removing the Nodes of the host a cluster was taken from", "cluster", c.Name, "err", err)
 		}
@@ -749,6 +756,8 @@ func (p *Provider) Backend(cluster string, fromPeer bool) (string, bool) {
 	if !ok {
 		return "", false
 	}
+	// A cluster handed from a drained host to another: held until it answers there.
+	u = p.holdWhileMoving(cluster, u)
 	if !p.runsHere(u) {
 		// Another host runs it: its door, which reaches it on its loopback; TLS
 		// stays between the client and the tenant's apiserver.

@@ -311,6 +311,67 @@ func TestHostsFailOver(t *testing.T) {
 			t.Errorf("%s through host 1's door after host 2 came back: %v", name, err)
 		}
 	}
+
+	// Drain host 3: its tenants move one at a time while a client polls each
+	// through host 1's door every 100 ms, and none of its requests fails.
+	var moving []string
+	for name := range where {
+		if h1.cluster(name).Status.Host == "h3" {
+			moving = append(moving, name)
+		}
+	}
+	if len(moving) == 0 {
+		t.Fatal("host 3 runs no tenant to drain")
+	}
+	stop := make(chan struct{})
+	var pollers sync.WaitGroup
+	failures := make([][]string, len(moving))
+	polls := make([]int, len(moving))
+	for i, name := range moving {
+		kc := h1.mustCLI("cluster", "kubeconfig", name)
+		cfg, err := clientcmd.RESTConfigFromKubeConfig([]byte(kc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Timeout = 30 * time.Second
+		pk := kubernetes.NewForConfigOrDie(cfg)
+		pollers.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				polls[i]++
+				if _, err := pk.CoreV1().ConfigMaps("default").Get(context.Background(), "kept-"+name, metav1.GetOptions{}); err != nil {
+					failures[i] = append(failures[i], time.Now().Format("15:04:05.000")+" "+err.Error())
+				}
+			}
+		})
+	}
+	time.Sleep(time.Second)
+	drained := time.Now()
+	out := h1.mustCLI("host", "drain", "h3", "--timeout", "5m")
+	t.Logf("host drain h3 (%d tenants) took %s: %s", len(moving), time.Since(drained).Round(100*time.Millisecond), strings.TrimSpace(out))
+	time.Sleep(2 * time.Second)
+	close(stop)
+	pollers.Wait()
+	for i, name := range moving {
+		c := h1.cluster(name)
+		if c.Status.Host == "h3" || c.Status.Host == "" || c.Status.MovingTo != "" {
+			t.Errorf("%s after the drain of h3: host %q, movingTo %q", name, c.Status.Host, c.Status.MovingTo)
+		}
+		if p := conditionOf(c, v1.ConditionPlaced); p == nil || p.Reason != "Moved" {
+			t.Errorf("%s: Placed condition %+v, want reason Moved", name, p)
+		}
+		t.Logf("%s moved to %s; %d polls through host 1's door, %d failed", name, c.Status.Host, polls[i], len(failures[i]))
+		if len(failures[i]) > 0 {
+			t.Errorf("%s: %d of %d requests failed while it moved: %v", name, len(failures[i]), polls[i], failures[i])
+		}
+		if controlPlaneRunning(filepath.Join(h3.stateDir, "clusters", name, "instance.json")) != 0 {
+			t.Errorf("%s still runs a control plane on the drained host", name)
+		}
+	}
 }
 
 // netnsDial dials from network namespace ns: the socket is made on a thread
