@@ -35,9 +35,11 @@ const (
 	// is, moves its next tenant.
 	drainCheck = 2 * time.Second
 	// moveSettle is how long a host waits after saying a cluster moves before it
-	// stops it there: every door's informer has seen status.movingTo by then,
-	// and holds the cluster's new connections instead of dialling the old host.
-	moveSettle = time.Second
+	// stops it there: every door's informer has seen status.movingTo by then
+	// (each host's apiserver polls the shared database about once a second), and
+	// holds the cluster's new connections instead of dialling the old host. A
+	// door that had not, and passed one on to the old host, is held there.
+	moveSettle = 2 * time.Second
 	// backendHold bounds how long a door holds a connection for a moving
 	// cluster before it refuses it.
 	backendHold = 60 * time.Second
@@ -175,17 +177,18 @@ func (p *Provider) isMoving(cluster string) bool {
 }
 
 // holdWhileMoving waits, for a door's connection, until a moving cluster has
-// arrived (or backendHold passed); it returns the cluster's object then.
-func (p *Provider) holdWhileMoving(cluster string, u *unstructured.Unstructured) *unstructured.Unstructured {
+// arrived (or backendHold passed); it returns the cluster's object then, and
+// whether it waited.
+func (p *Provider) holdWhileMoving(cluster string, u *unstructured.Unstructured) (_ *unstructured.Unstructured, held bool) {
 	deadline := time.Now().Add(backendHold)
-	for {
+	for ; ; held = true {
 		if to, _, _ := unstructured.NestedString(u.Object, "status", "movingTo"); to == "" || time.Now().After(deadline) {
-			return u
+			return u, held
 		}
 		time.Sleep(50 * time.Millisecond)
 		obj, err := p.lister.Get(cluster)
 		if err != nil {
-			return u
+			return u, held
 		}
 		if next, ok := obj.(*unstructured.Unstructured); ok {
 			u = next

@@ -386,3 +386,37 @@ func TestBackend(t *testing.T) {
 		})
 	}
 }
+
+// A connection for a moving cluster is held until it arrives; one a peer passed
+// on here while it moved away goes on to its new host (one hop more, once).
+func TestBackendHoldsAMovingCluster(t *testing.T) {
+	for _, fromPeer := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fromPeer=%v", fromPeer), func(t *testing.T) {
+			indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+			put := func(c v1.Cluster) {
+				u, err := c.ToUnstructured()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := indexer.Update(u); err != nil {
+					t.Fatal(err)
+				}
+			}
+			put(v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "ci"}, Status: v1.ClusterStatus{Host: "a", MovingTo: "b", Port: 7501}})
+			p := &Provider{cfg: Config{Ownership: &fakeOwnership{name: "a", doors: map[string]string{"b": "192.0.2.2:8443"}}},
+				lister: cache.NewGenericLister(indexer, v1.ClusterResource.GroupResource())}
+			arrive := time.AfterFunc(300*time.Millisecond, func() {
+				put(v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "ci"}, Status: v1.ClusterStatus{Host: "b", Port: 7501}})
+			})
+			defer arrive.Stop()
+			start := time.Now()
+			got, ok := p.Backend("ci", fromPeer)
+			if waited := time.Since(start); waited < 250*time.Millisecond {
+				t.Errorf("Backend returned after %v: it did not hold the connection while the cluster moved", waited)
+			}
+			if got != "192.0.2.2:8443" || !ok {
+				t.Errorf("Backend = %q, %v; want the new host's door", got, ok)
+			}
+		})
+	}
+}

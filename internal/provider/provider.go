@@ -757,12 +757,15 @@ func (p *Provider) Backend(cluster string, fromPeer bool) (string, bool) {
 		return "", false
 	}
 	// A cluster handed from a drained host to another: held until it answers there.
-	u = p.holdWhileMoving(cluster, u)
+	u, held := p.holdWhileMoving(cluster, u)
 	if !p.runsHere(u) {
 		// Another host runs it: its door, which reaches it on its loopback; TLS
-		// stays between the client and the tenant's apiserver.
+		// stays between the client and the tenant's apiserver. A peer's
+		// connection goes no further (two hosts that disagree on the owner would
+		// loop), but for one held here while the cluster moved away: the new
+		// host is its owner and serves it itself.
 		host, _, _ := unstructured.NestedString(u.Object, "status", "host")
-		if fromPeer || host == "" || p.cfg.Ownership == nil {
+		if fromPeer && !held || host == "" || p.cfg.Ownership == nil {
 			return "", false
 		}
 		return p.cfg.Ownership.DoorOf(host)
