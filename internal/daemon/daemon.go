@@ -696,6 +696,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		SharePKI:         v.store.Kind() == "postgres",
 	}, log.With("component", "provider"), dyn, kube, v.store, sup)
 	provRef.Store(prov)
+	reg.MustRegister(members.Collector())
 	ready.set(checkProvider, providerCheck(prov.Synced))
 	reg.MustRegister(prov.Collector())
 	reg.MustRegister(prov.SleepCollectors()...)

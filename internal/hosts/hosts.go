@@ -94,6 +94,7 @@ type Membership struct {
 	peers map[netip.Addr]bool
 	// draining is this host's Host spec.draining at the last report.
 	draining bool
+	metrics  metrics
 }
 
 type observation struct {
@@ -520,6 +521,7 @@ func (m *Membership) Takeover(ctx context.Context, cluster, from string) error {
 	} else if err != nil {
 		return fmt.Errorf("taking over %s: %w", cluster, err)
 	}
+	m.metrics.takeovers.Add(1)
 	return nil
 }
 
@@ -548,6 +550,7 @@ func (m *Membership) Handover(ctx context.Context, cluster, to string) error {
 	if _, err := m.leases().Update(ctx, l, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("handing %s to %s: %w", cluster, to, err)
 	}
+	m.metrics.handovers.Add(1)
 	return nil
 }
 

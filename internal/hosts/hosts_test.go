@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -515,5 +517,34 @@ func TestRejoinAlone(t *testing.T) {
 	c.Advance(10 * lease)
 	if wait, err := m.Join(ctx); err != nil || wait != 0 {
 		t.Errorf("Join of a lapsed host alone = %v, %v; want 0", wait, err)
+	}
+}
+
+func TestCollector(t *testing.T) {
+	s := newService()
+	c := newClock()
+	m := New(Config{Name: "a", Shared: true, LeaseDuration: lease, Now: c.Now}, s.kube, s.dyn, slog.New(slog.DiscardHandler))
+	m.alive = map[string]bool{"a": true, "b": true, "c": false}
+	m.metrics.takeovers.Add(2)
+	m.metrics.handovers.Add(1)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m.Collector())
+	want := `
+# HELP socialweb_host_fenced 1 while this host could not renew its Lease for a Lease duration and runs no tenant.
+# TYPE socialweb_host_fenced gauge
+socialweb_host_fenced 1
+# HELP socialweb_hosts Hosts of the service as this host saw them at its last poll of their Leases, by state (live or lost).
+# TYPE socialweb_hosts gauge
+socialweb_hosts{state="live"} 2
+socialweb_hosts{state="lost"} 1
+# HELP socialweb_tenant_handovers_total Tenants this host handed to another while drained.
+# TYPE socialweb_tenant_handovers_total counter
+socialweb_tenant_handovers_total 1
+# HELP socialweb_tenant_takeovers_total Tenants this host took over from a host whose Lease lapsed.
+# TYPE socialweb_tenant_takeovers_total counter
+socialweb_tenant_takeovers_total 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Error(err) // never renewed: fenced
 	}
 }
