@@ -221,6 +221,9 @@ func joinHosts(ctx context.Context, v validated, name, version string, kube kube
 	if err != nil {
 		return nil, fmt.Errorf("joining the service as host %s: %w", name, err)
 	}
+	// Renewing from now on, the wait included: others must not see this host
+	// lapse again while it waits.
+	go m.Run(ctx)
 	if wait > 0 {
 		log.Warn("this host's Lease had lapsed: waiting one Lease duration for other hosts' takeovers to land before running any tenant", "host", name, "wait", wait)
 		select {
@@ -229,7 +232,6 @@ func joinHosts(ctx context.Context, v validated, name, version string, kube kube
 		case <-time.After(wait):
 		}
 	}
-	go m.Run(ctx)
 	log.Info("host joined", "host", name, "leaseDuration", d, "shared", v.store.Kind() == "postgres")
 	return m, nil
 }

@@ -172,17 +172,18 @@ func tenantVia(t *testing.T, d *daemon, cluster string) kubernetes.Interface {
 }
 
 // TestHostsFailOver: three hosts, each a daemon in a network namespace of its
-// own, one PostgreSQL. Three tenants are spread over them; through host 1's
-// door each answers, and a Pod of the one on host 2 runs, on a node host 2
+// own, one PostgreSQL. Six tenants are spread over them; through host 1's
+// door each answers, and a Pod of one on host 2 runs, on a node host 2
 // booted, an image pushed on host 1 only. Host 2 is killed with everything it ran: its tenant answers again
 // through host 1's door with its objects kept, loses its dead node and runs a
 // new Pod on a node of its new host. Host 2 comes back and runs none of it.
 func TestHostsFailOver(t *testing.T) {
 	admin := livetest.Postgres(t)
 	img := nodeImage(t)
-	dropDatabases(t, admin, "t1", "t2", "t3")
+	tenants := []string{"t1", "t2", "t3", "t4", "t5", "t6"}
+	dropDatabases(t, admin, tenants...)
 	bed := newHostBed(t, 3, admin)
-	common := []string{"--node-image", img, "--max-tenants", "2", "--default-hold", "10s"}
+	common := []string{"--node-image", img, "--max-tenants", "4", "--default-hold", "10s"}
 	h1 := bed.host(0, "", common...)
 	key := filepath.Join(h1.stateDir, "cluster.key")
 	h2 := bed.host(1, key, common...)
@@ -191,7 +192,8 @@ func TestHostsFailOver(t *testing.T) {
 	ctx := ctxT(t, 25*time.Minute)
 
 	where := map[string]*daemon{}
-	for _, name := range []string{"t1", "t2", "t3"} {
+	count := map[*daemon]int{}
+	for _, name := range tenants {
 		h1.mustCLI("cluster", "create", name, "--wait")
 		c := h1.cluster(name)
 		i, err := strconv.Atoi(strings.TrimPrefix(c.Status.Host, "h"))
@@ -199,16 +201,20 @@ func TestHostsFailOver(t *testing.T) {
 			t.Fatalf("cluster %s placed on %q", name, c.Status.Host)
 		}
 		where[name] = hosts[i-1]
+		count[hosts[i-1]]++
 	}
-	if where["t1"] == where["t2"] || where["t2"] == where["t3"] || where["t1"] == where["t3"] {
-		t.Fatalf("three tenants on three equal hosts, placed on %v %v %v: want one each", h1.cluster("t1").Status.Host, h1.cluster("t2").Status.Host, h1.cluster("t3").Status.Host)
+	t.Logf("six tenants on three hosts: h1 %d, h2 %d, h3 %d", count[h1], count[h2], count[h3])
+	if count[h1] == 0 || count[h2] == 0 || count[h3] == 0 {
+		t.Fatalf("six tenants on three equal hosts: h1 %d, h2 %d, h3 %d; want them spread", count[h1], count[h2], count[h3])
 	}
 	var victim string
-	for name, d := range where {
-		if d == h2 {
-			victim = name
+	var victims []string
+	for _, name := range tenants {
+		if where[name] == h2 {
+			victims = append(victims, name)
 		}
 	}
+	victim = victims[0]
 	// Through host 1's door, each tenant answers (passed on to its host).
 	for name := range where {
 		k := tenantVia(t, h1, name)
@@ -261,6 +267,14 @@ func TestHostsFailOver(t *testing.T) {
 		return err == nil
 	})
 	t.Logf("failover: %s answered through host 1's door %s after host 2 was killed", victim, time.Since(killed).Round(100*time.Millisecond))
+	for _, name := range victims[1:] {
+		vk := tenantVia(t, h1, name)
+		livetest.Eventually(t, time.Minute, 200*time.Millisecond, name+" (also on host 2) to answer through host 1's door", func() bool {
+			_, err := vk.CoreV1().ConfigMaps("default").Get(ctx, "kept-"+name, metav1.GetOptions{})
+			return err == nil
+		})
+		t.Logf("failover: %s answered %s after the kill", name, time.Since(killed).Round(100*time.Millisecond))
+	}
 	c := h1.cluster(victim)
 	if c.Status.Host == "h2" || c.Status.Host == "" {
 		t.Fatalf("%s still placed on %q after host 2 died", victim, c.Status.Host)
