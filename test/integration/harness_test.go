@@ -253,8 +253,12 @@ func (d *daemon) cli(args ...string) (stdout, stderr string, code int) {
 }
 
 func run(args ...string) (stdout, stderr string, code int) {
+	return runExec(exec.Command(binary, args...))
+}
+
+// runExec runs cmd and returns what it wrote and its exit code (-1: it did not run).
+func runExec(cmd *exec.Cmd) (stdout, stderr string, code int) {
 	var out, errb bytes.Buffer
-	cmd := exec.Command(binary, args...)
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
 	code = 0

@@ -1,9 +1,7 @@
 package integration
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -47,17 +45,7 @@ const bedNet = "172.31.199"
 
 // runIn runs a socialweb command in network namespace ns.
 func runIn(ns string, args ...string) (stdout, stderr string, code int) {
-	var out, errb bytes.Buffer
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, binary}, args...)...)
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	} else if err != nil {
-		code = -1
-	}
-	return out.String(), errb.String(), code
+	return runExec(exec.Command("ip", append([]string{"netns", "exec", ns, binary}, args...)...))
 }
 
 func sh(t *testing.T, args ...string) {
