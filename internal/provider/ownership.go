@@ -137,6 +137,17 @@ func (p *Provider) takeOver(ctx context.Context, c *v1.Cluster, holder string) (
 	if live, known := o.HostLive(holder); live || !known {
 		return false, 0, nil // its host's loss will enqueue it (HostLost)
 	}
+	if p.hasLocalData(c.Name) {
+		// Its files are here: this host ran it under another name (its hostname
+		// changed, or --host-name did), whatever its datastore.
+		if err := o.Takeover(ctx, c.Name, holder); errors.Is(err, hosts.ErrHeldElsewhere) {
+			return false, 0, nil
+		} else if err != nil {
+			return false, 0, err
+		}
+		return true, claimedRequeue, p.recordPlaced(ctx, c.Name, o.Name(), metav1.ConditionTrue, ReasonAdopted,
+			fmt.Sprintf("adopted by %s from %s, whose Lease lapsed: its files are on this host", o.Name(), holder))
+	}
 	if c.Spec.Datastore != "postgres" {
 		return false, 0, p.recordPlaced(ctx, c.Name, "", metav1.ConditionFalse, ReasonHostLost,
 			fmt.Sprintf("its host %s stopped renewing its Lease; its datastore is sqlite on that host's disk, so it runs again only when %s is back", holder, holder))

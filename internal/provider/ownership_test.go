@@ -139,6 +139,13 @@ func TestOwns(t *testing.T) {
 			name: "held by a lost host, sqlite", own: &fakeOwnership{name: "a", holder: "b", hostLive: map[string]bool{"b": false}}, datastore: "sqlite",
 			wantCalls: []string{"Holder ci", "HostLive b"}, wantReason: ReasonHostLost, wantStatus: metav1.ConditionFalse, wantMsg: "runs again only when b is back",
 		},
+		// This host under another name ran it: its files say so.
+		{
+			name: "held by a lost host, its files here", datastore: "sqlite", localData: true,
+			own:       &fakeOwnership{name: "a", holder: "old-name", hostLive: map[string]bool{"old-name": false}},
+			wantOwned: true, wantWait: claimedRequeue, wantCalls: []string{"Holder ci", "HostLive old-name", "Takeover ci from old-name"},
+			wantReason: ReasonAdopted, wantStatus: metav1.ConditionTrue, wantHost: "a", wantMsg: "adopted by a from old-name",
+		},
 		{
 			name: "held by a lost host, taken over here", datastore: "postgres",
 			own:       &fakeOwnership{name: "a", holder: "b", hostLive: map[string]bool{"b": false}, view: hostsView(map[string]int64{"a": 8, "c": 4})},
