@@ -55,6 +55,12 @@ func TestPostgresDatastore(t *testing.T) {
 		t.Errorf("URL changed across restart: %s -> %s", url, c.Status.URL)
 	}
 	_, k = d.tenant("pg-one")
+	// The phase read right after the restart may still be the last daemon's Ready
+	// until the first pass: wait for the tenant to answer, as a user would.
+	livetest.Eventually(t, 2*time.Minute, 500*time.Millisecond, "pg-one to answer after the restart", func() bool {
+		_, err := k.Discovery().ServerVersion()
+		return err == nil
+	})
 	if !hasConfigMap(t, k, "kept-in-postgres") {
 		t.Error("object lost across restart")
 	}
