@@ -25,7 +25,10 @@
 //     with its kubeconfig until it answers: kill -> first answer, split into kill -> the
 //     first other host logging h2's Lease lapsed -> Lease taken -> answering. Then the
 //     moved tenant is deleted, h2 comes back (a new daemon on the same state dir, which
-//     waits one Lease duration before it runs anything) and a new tenant is placed on it.
+//     waits one Lease duration before it runs anything), and once its host Lease was
+//     renewed twice (as it joined, and after its wait) and every host polled since, a new
+//     tenant is placed on it. Whether another host saw h2's Lease lapse again between its
+//     join and its next renewal is reported too.
 //     With -also-lease D, a second service of three hosts with --host-lease-duration D
 //     (30s is the default's) repeats the rounds.
 //
@@ -129,7 +132,8 @@ type bench struct {
 	ctx      context.Context
 	db       *sql.DB
 	hosts    [3]*host
-	logs     []string // every daemon log, for the end
+	lease    time.Duration // the service's --host-lease-duration
+	logs     []string      // every daemon log, for the end
 	failed   bool
 	cleanups []func()
 }
@@ -305,7 +309,7 @@ func (b *bench) dropDatabases() {
 // startService starts hosts h1..hN of a new service (h1 first: it makes the cluster
 // key) and registers their stop.
 func (b *bench) startService(lease time.Duration, n int) {
-	b.hosts = [3]*host{}
+	b.hosts, b.lease = [3]*host{}, lease
 	b.defer_(b.stopService)
 	for i := range n {
 		b.startHost(i, lease)
@@ -728,7 +732,7 @@ type round struct {
 	cps                     int           // processes killed with h2's daemon
 	lapsed, taken, answered time.Duration // after the kill; lapsed < 0: not logged
 	// relapsed is, after h2 came back, when another host logged its Lease lapsed
-	// again (< 0: none did); tries is how many tenants were created before one was
+	// again, from its Join's renewal (< 0: none did); tries is how many tenants were created before one was
 	// placed on h2, back (the next round's).
 	relapsed time.Duration
 	tries    int
@@ -752,16 +756,16 @@ func (b *bench) failoverRounds(victim string) []round {
 		// h2 renewed its Lease as it joined; it waits one Lease duration and renews
 		// again a renewal period later. Wait that out (and another host's poll), then
 		// look whether another host saw its Lease lapse meanwhile.
-		b.sleep(b.o.lease*5/3 + 2*time.Second)
+		joined := b.waitRenewed(t0)
 		b.waitLive(b.hosts[0], "h2")
 		rp.relapsed = -1
 		for _, h := range []*host{b.hosts[0], b.hosts[2]} {
-			if t, ok := logged(h.d.Log, t0, lapseOf("h2")); ok && (rp.relapsed < 0 || t.Sub(t0) < rp.relapsed) {
-				rp.relapsed = t.Sub(t0)
+			if t, ok := logged(h.d.Log, joined, lapseOf("h2")); ok && (rp.relapsed < 0 || t.Sub(joined) < rp.relapsed) {
+				rp.relapsed = t.Sub(joined)
 			}
 		}
 		if d := rp.relapsed; d >= 0 {
-			log.Printf("h2, back, was seen lapsed again by another host %s after its restart began", secs(d))
+			log.Printf("h2, back, was seen lapsed again by another host %s after it joined", secs(d))
 		}
 		if i == b.o.rounds {
 			break
@@ -786,6 +790,31 @@ func (b *bench) failoverRounds(victim string) []round {
 		}
 	}
 	return rounds
+}
+
+// waitRenewed waits until h2, back, has renewed its host Lease twice since
+// since (as it joined, and once it runs), then one renewal period more, in which
+// every other host's poll sees the second renewal. It returns the first renewal's
+// time: when h2 joined.
+func (b *bench) waitRenewed(since time.Time) time.Time {
+	kube, _ := b.clients(b.hosts[0])
+	lease := b.lease
+	var first *metav1.MicroTime
+	for end := time.Now().Add(3*lease + time.Minute); ; b.sleep(200 * time.Millisecond) {
+		l, err := kube.CoordinationV1().Leases(v1.SystemNamespace).Get(b.ctx, v1.HostLeaseName("h2"), metav1.GetOptions{})
+		if err == nil && l.Spec.RenewTime != nil && l.Spec.RenewTime.After(since) {
+			if first == nil {
+				first = l.Spec.RenewTime
+			} else if !l.Spec.RenewTime.Equal(first) {
+				log.Printf("h2 renewed its Lease %s after it joined", l.Spec.RenewTime.Sub(first.Time).Round(100*time.Millisecond))
+				b.sleep(lease/3 + time.Second)
+				return first.Time
+			}
+		}
+		if time.Now().After(end) {
+			fail("h2, back, did not renew its Lease twice within %s (last: %v, %v)", 3*lease+time.Minute, l, err)
+		}
+	}
 }
 
 // failover kills h2 with the control planes it ran and times victim's return.
@@ -1083,7 +1112,7 @@ func printRounds(rs []round) {
 	for _, r := range rs {
 		again, tries := "no", "-"
 		if r.relapsed >= 0 {
-			again = fmt.Sprintf("yes, %s after its restart began", secs(r.relapsed))
+			again = fmt.Sprintf("yes, %s after it joined", secs(r.relapsed))
 		}
 		if r.tries > 0 {
 			tries = strconv.Itoa(r.tries)
