@@ -242,6 +242,21 @@ func TestHostsFailOver(t *testing.T) {
 	before.Spec.Containers[0].Image, before.Spec.Containers[0].Command = ref.String(), []string{"cat", "/token"}
 	runPod(t, ctx, k, before, token)
 	oldNode := nodeOf("before")
+	// What a tenant's Pod must not reach of the service: each host's registry
+	// peer listener (pushed images of every tenant), door and management API, on
+	// the hosts' addresses. The node walls refuse them before any TLS.
+	probe := pod("probe")
+	var script strings.Builder
+	for _, a := range bed.addrs {
+		for _, port := range []string{"7444", "8443", strconv.Itoa(h1.apiPort)} {
+			fmt.Fprintf(&script, "if nc -w 3 %s %s </dev/null; then echo open %s:%s; else echo closed %s:%s; fi; ", a, port, a, port, a, port)
+		}
+	}
+	probe.Spec.Containers[0].Command = []string{"sh", "-c", script.String()}
+	out := runPodOutput(t, ctx, k, probe)
+	if strings.Contains(out, "open") || strings.Count(out, "closed") != 3*len(bed.addrs) {
+		t.Errorf("a tenant's Pod probing the hosts' peer registries, doors and management APIs:\n%s\nwant every one closed", out)
+	}
 	if _, err := os.Stat(filepath.Join(h2.stateDir, "nodes", oldNode)); err != nil {
 		t.Fatalf("the Pod of %s ran on node %s, which host 2 (its host) did not boot: %v", victim, oldNode, err)
 	}
@@ -353,7 +368,7 @@ func TestHostsFailOver(t *testing.T) {
 	}
 	time.Sleep(time.Second)
 	drained := time.Now()
-	out := h1.mustCLI("host", "drain", "h3", "--timeout", "5m")
+	out = h1.mustCLI("host", "drain", "h3", "--timeout", "5m")
 	t.Logf("host drain h3 (%d tenants) took %s: %s", len(moving), time.Since(drained).Round(100*time.Millisecond), strings.TrimSpace(out))
 	time.Sleep(2 * time.Second)
 	close(stop)
