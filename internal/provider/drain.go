@@ -10,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/placement"
@@ -78,14 +77,9 @@ func (p *Provider) drainLoop(ctx context.Context) {
 
 // nextToMove is the first cluster, by name, this host runs and is not moving.
 func (p *Provider) nextToMove() (string, bool) {
-	objs, err := p.lister.List(labels.Everything())
-	if err != nil {
-		return "", false
-	}
 	var names []string
-	for _, o := range objs {
-		u, ok := o.(*unstructured.Unstructured)
-		if !ok || !p.runsHere(u) || u.GetDeletionTimestamp() != nil {
+	for _, u := range p.cachedClusters() {
+		if !p.runsHere(u) || u.GetDeletionTimestamp() != nil {
 			continue
 		}
 		if to, _, _ := unstructured.NestedString(u.Object, "status", "movingTo"); to != "" {

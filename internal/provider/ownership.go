@@ -184,15 +184,9 @@ func (p *Provider) takeOver(ctx context.Context, c *v1.Cluster, holder string) (
 
 // HostLost enqueues the clusters a lapsed host ran, for a takeover.
 func (p *Provider) HostLost(host string) {
-	objs, err := p.lister.List(labels.Everything())
-	if err != nil {
-		return
-	}
-	for _, obj := range objs {
-		if u, ok := obj.(*unstructured.Unstructured); ok {
-			if h, _, _ := unstructured.NestedString(u.Object, "status", "host"); h == host {
-				p.queue.Add(u.GetName())
-			}
+	for _, u := range p.cachedClusters() {
+		if h, _, _ := unstructured.NestedString(u.Object, "status", "host"); h == host {
+			p.queue.Add(u.GetName())
 		}
 	}
 }
@@ -200,15 +194,24 @@ func (p *Provider) HostLost(host string) {
 // EnqueueAll looks at every cluster again: this host was fenced, and stops
 // those it runs.
 func (p *Provider) EnqueueAll() {
+	for _, u := range p.cachedClusters() {
+		p.queue.Add(u.GetName())
+	}
+}
+
+// cachedClusters are the Clusters in the informer's cache (none if it cannot be read).
+func (p *Provider) cachedClusters() []*unstructured.Unstructured {
 	objs, err := p.lister.List(labels.Everything())
 	if err != nil {
-		return
+		return nil
 	}
-	for _, obj := range objs {
-		if u, ok := obj.(*unstructured.Unstructured); ok {
-			p.queue.Add(u.GetName())
+	out := make([]*unstructured.Unstructured, 0, len(objs))
+	for _, o := range objs {
+		if u, ok := o.(*unstructured.Unstructured); ok {
+			out = append(out, u)
 		}
 	}
+	return out
 }
 
 // hasLocalData: the cluster has a directory in this host's state dir.
@@ -260,13 +263,8 @@ func (p *Provider) letGo(ctx context.Context, cluster string) {
 // Tenants counts, from the informer's cache, the clusters this host runs and
 // how many of those are Ready (awake), for its Host object.
 func (p *Provider) Tenants() (owned, awake int) {
-	objs, err := p.lister.List(labels.Everything())
-	if err != nil {
-		return 0, 0
-	}
-	for _, o := range objs {
-		u, ok := o.(*unstructured.Unstructured)
-		if !ok || !p.runsHere(u) {
+	for _, u := range p.cachedClusters() {
+		if !p.runsHere(u) {
 			continue
 		}
 		owned++
