@@ -121,11 +121,12 @@ func forward(l net.Listener, target string) {
 	}
 }
 
-// killNetns kills every process in ns at once: a host's death.
+// killNetns kills every process in ns at once: a host's death. It never
+// kills the test itself, whose thread may be in ns for a netnsDial.
 func killNetns(ns string) {
 	out, _ := exec.Command("ip", "netns", "pids", ns).Output()
 	for _, f := range strings.Fields(string(out)) {
-		if pid, err := strconv.Atoi(f); err == nil {
+		if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
@@ -392,7 +393,9 @@ func TestHostsFailOver(t *testing.T) {
 }
 
 // netnsDial dials from network namespace ns: the socket is made on a thread
-// moved into ns for the call, and works from any thread after.
+// moved into ns for the call and back out after; the socket keeps ns. The
+// thread must come back: Go never ends its main thread, and a main thread left
+// in ns makes the test process one of ns's pids, which killNetns would kill.
 func netnsDial(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		type result struct {
@@ -401,19 +404,31 @@ func netnsDial(ns string) func(ctx context.Context, network, addr string) (net.C
 		}
 		ch := make(chan result, 1)
 		go func() {
-			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine, namespace and all
+			runtime.LockOSThread()
+			home, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+			if err != nil {
+				runtime.UnlockOSThread()
+				ch <- result{nil, err}
+				return
+			}
+			defer home.Close()
 			f, err := os.Open(filepath.Join("/var/run/netns", ns))
 			if err != nil {
+				runtime.UnlockOSThread()
 				ch <- result{nil, err}
 				return
 			}
 			defer f.Close()
 			if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+				runtime.UnlockOSThread()
 				ch <- result{nil, fmt.Errorf("entering network namespace %s: %w", ns, err)}
 				return
 			}
 			var d net.Dialer
 			c, err := d.DialContext(ctx, network, addr)
+			if err := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); err == nil {
+				runtime.UnlockOSThread() // home again: the thread may serve others
+			} // else stay locked: the thread ends with the goroutine
 			ch <- result{c, err}
 		}()
 		r := <-ch
