@@ -82,3 +82,55 @@ func Decide(hosts []Host) (Decision, error) {
 
 // room is what a host has left for one more tenant.
 func room(h Host) int64 { return h.FreeMemory - int64(h.Tenants)*TenantReserve }
+
+// WakeMargin is how much more room another host must have before a sleeping
+// tenant wakes there rather than on its own host: half a tenant's reserve,
+// so that two hosts about as free (their reports differ by a few MiB) do not
+// pass a tenant back and forth at every wake.
+const WakeMargin = TenantReserve / 2
+
+// Rewake decides where a sleeping tenant of host current wakes: on current,
+// unless current cannot take it (its Lease lapsed, it drains, it is over its
+// cap without the tenant) or another host that may take one more tenant has
+// WakeMargin more room than current has without it. moved says it goes.
+func Rewake(hosts []Host, current string) (d Decision, moved bool, err error) {
+	others := make([]Host, 0, len(hosts))
+	var cur Host
+	found := false
+	for _, h := range hosts {
+		if h.Name == current {
+			cur, found = h, true
+			continue
+		}
+		others = append(others, h)
+	}
+	if found && cur.Tenants > 0 {
+		cur.Tenants-- // it counts there now; it is the one placed
+	}
+	stay := found && cur.Live && !cur.Draining && (cur.MaxTenants == 0 || cur.Tenants < cur.MaxTenants)
+	best, err := Decide(others)
+	switch {
+	case err != nil && stay:
+		return Decision{Host: current, Reason: "wakes on " + current + ", its host: no other host can take it"}, false, nil
+	case err != nil:
+		return Decision{}, false, err
+	case stay && room(best.host(others)) < room(cur)+WakeMargin:
+		return Decision{Host: current, Reason: fmt.Sprintf("wakes on %s, its host: %d MiB of room, and no other host has %d MiB more",
+			current, room(cur)>>20, int64(WakeMargin)>>20)}, false, nil
+	}
+	why := "its host " + current + " cannot take it"
+	if stay {
+		why = fmt.Sprintf("%s has %d MiB more room than its host %s", best.Host, (room(best.host(others))-room(cur))>>20, current)
+	}
+	return Decision{Host: best.Host, Reason: "wakes on " + best.Host + ": " + why}, true, nil
+}
+
+// host is the decision's host among hosts.
+func (d Decision) host(hosts []Host) Host {
+	for _, h := range hosts {
+		if h.Name == d.Host {
+			return h
+		}
+	}
+	return Host{}
+}

@@ -97,3 +97,70 @@ func TestDecideSpreads(t *testing.T) {
 		}
 	}
 }
+
+func TestRewake(t *testing.T) {
+	const gib = 1 << 30
+	tests := []struct {
+		name    string
+		hosts   []Host
+		want    string
+		moved   bool
+		reason  string // a part of the reason
+		wantErr string
+	}{
+		{"alone it stays", []Host{{Name: "a", Live: true, FreeMemory: gib, Tenants: 1}}, "a", false, "no other host", ""},
+		{"as free elsewhere it stays", []Host{
+			{Name: "a", Live: true, FreeMemory: 4 * gib, Tenants: 2},
+			{Name: "b", Live: true, FreeMemory: 4*gib + 10<<20, Tenants: 1},
+		}, "a", false, "no other host has 192 MiB more", ""},
+		{"its own reserve is not counted against it", []Host{
+			{Name: "a", Live: true, FreeMemory: 4 * gib, Tenants: 1},
+			{Name: "b", Live: true, FreeMemory: 4 * gib, Tenants: 0},
+		}, "a", false, "", ""},
+		{"a host a tenant emptier takes it", []Host{
+			{Name: "a", Live: true, FreeMemory: 4 * gib, Tenants: 2},
+			{Name: "b", Live: true, FreeMemory: 4*gib - 20<<20, Tenants: 0},
+		}, "b", true, "more room than its host a", ""},
+		{"a freer host takes it", []Host{
+			{Name: "a", Live: true, FreeMemory: 1 * gib, Tenants: 1},
+			{Name: "b", Live: true, FreeMemory: 8 * gib, Tenants: 3},
+		}, "b", true, "wakes on b", ""},
+		{"a draining host gives it away", []Host{
+			{Name: "a", Live: true, Draining: true, FreeMemory: 64 * gib, Tenants: 1},
+			{Name: "b", Live: true, FreeMemory: 1 * gib, Tenants: 9},
+		}, "b", true, "its host a cannot take it", ""},
+		{"a host over its cap gives it away", []Host{
+			{Name: "a", Live: true, FreeMemory: 64 * gib, Tenants: 3, MaxTenants: 2},
+			{Name: "b", Live: true, FreeMemory: 1 * gib, Tenants: 1},
+		}, "b", true, "cannot take it", ""},
+		{"at its cap with it, it stays", []Host{
+			{Name: "a", Live: true, FreeMemory: 4 * gib, Tenants: 2, MaxTenants: 2},
+			{Name: "b", Live: true, FreeMemory: 4 * gib, Tenants: 1},
+		}, "a", false, "", ""},
+		{"a lost host gives it away", []Host{
+			{Name: "a", Live: false, FreeMemory: 64 * gib, Tenants: 1},
+			{Name: "b", Live: true, FreeMemory: 1 * gib},
+		}, "b", true, "", ""},
+		{"nowhere to go", []Host{
+			{Name: "a", Live: true, Draining: true, FreeMemory: 64 * gib, Tenants: 1},
+			{Name: "b", Live: false, FreeMemory: 1 * gib},
+		}, "", false, "", "b: its Lease lapsed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, moved, err := Rewake(tt.hosts, "a")
+			if tt.wantErr != "" {
+				if !errors.Is(err, ErrNoHost) || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err %v, want ErrNoHost saying %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Host != tt.want || moved != tt.moved || !strings.Contains(d.Reason, tt.reason) {
+				t.Errorf("Rewake = %+v moved %v, want %s moved %v, reason with %q", d, moved, tt.want, tt.moved, tt.reason)
+			}
+		})
+	}
+}

@@ -153,14 +153,21 @@ func (p *Provider) recordMove(ctx context.Context, cluster, to, msg string) erro
 	})
 }
 
-// arrived ends a move to this host once the cluster answers here: movingTo
-// cleared, status.host this host, so doors carry it here.
-func (p *Provider) arrived(ctx context.Context, c *v1.Cluster) error {
+// arrived ends a move to this host once the cluster answers here, or holds
+// its port here asleep: movingTo cleared, status.host this host, so doors
+// carry it here.
+func (p *Provider) arrived(ctx context.Context, c *v1.Cluster, asleep bool) error {
 	if p.cfg.Ownership == nil || c.Status.MovingTo != p.cfg.Ownership.Name() {
 		return nil
 	}
-	from := c.Status.Host
-	return p.recordPlaced(ctx, c.Name, p.cfg.Ownership.Name(), metav1.ConditionTrue, ReasonMoved, "moved here from "+from+", which is drained")
+	why := "moved here from " + c.Status.Host
+	if cur := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionPlaced); cur != nil && cur.Reason == ReasonMoving {
+		why += " (" + cur.Message + ")"
+	}
+	if asleep {
+		why += "; asleep, and its next client wakes it here"
+	}
+	return p.recordPlaced(ctx, c.Name, p.cfg.Ownership.Name(), metav1.ConditionTrue, ReasonMoved, why)
 }
 
 // isMoving: this host is handing the cluster over; it must not start it again.
@@ -172,8 +179,9 @@ func (p *Provider) isMoving(cluster string) bool {
 
 // holdWhileMoving waits, for a door's connection, until a moving cluster has
 // arrived (or backendHold passed); it returns the cluster's object then, and
-// whether it waited.
-func (p *Provider) holdWhileMoving(cluster string, u *unstructured.Unstructured) (_ *unstructured.Unstructured, held bool) {
+// whether it waited. The informer's object of resourceVersion staleRV is older
+// than a move this door wrote, and is not believed.
+func (p *Provider) holdWhileMoving(cluster string, u *unstructured.Unstructured, staleRV string) (_ *unstructured.Unstructured, held bool) {
 	deadline := time.Now().Add(backendHold)
 	for ; ; held = true {
 		if to, _, _ := unstructured.NestedString(u.Object, "status", "movingTo"); to == "" || time.Now().After(deadline) {
@@ -184,7 +192,7 @@ func (p *Provider) holdWhileMoving(cluster string, u *unstructured.Unstructured)
 		if err != nil {
 			return u, held
 		}
-		if next, ok := obj.(*unstructured.Unstructured); ok {
+		if next, ok := obj.(*unstructured.Unstructured); ok && (staleRV == "" || next.GetResourceVersion() != staleRV) {
 			u = next
 		}
 	}

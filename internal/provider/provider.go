@@ -329,6 +329,9 @@ func (p *Provider) reconcile(ctx context.Context, name string) (time.Duration, e
 	if wait > 0 { // claimed just now, its status written: act on the object as it is now
 		return wait, nil
 	}
+	if moved, err := p.moveRequested(ctx, c); moved || err != nil { // a door asked for it to wake elsewhere
+		return 0, err
+	}
 	var plan Plan
 	var obs Observed
 	for range 10 {
@@ -353,8 +356,14 @@ func (p *Provider) reconcile(ctx context.Context, name string) (time.Duration, e
 	if plan.Phase == v1.PhaseReady && p.awake(c.Name) {
 		p.queue.Add(c.Name) // the Wake condition
 	}
+	if plan.Phase == v1.PhaseAsleep && obs.Gated {
+		// Moved here asleep: its port is held here now, and wakes it here.
+		if err := p.arrived(ctx, c, true); err != nil {
+			p.log.Error("recording a cluster moved here", "cluster", c.Name, "err", err)
+		}
+	}
 	if plan.Phase == v1.PhaseReady && obs.Lease != nil {
-		if err := p.arrived(ctx, c); err != nil {
+		if err := p.arrived(ctx, c, false); err != nil {
 			p.log.Error("recording a cluster moved here", "cluster", c.Name, "err", err)
 		}
 		if err := p.removeStaleNodes(ctx, c.Name); err != nil {
@@ -756,8 +765,10 @@ func (p *Provider) Backend(cluster string, fromPeer bool) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	// A cluster handed from a drained host to another: held until it answers there.
-	u, held := p.holdWhileMoving(cluster, u)
+	// A sleeping cluster may wake on another host; one handed from a drained
+	// host to another, or to wake there, is held until it answers there.
+	u, staleRV := p.placeWake(u, fromPeer)
+	u, held := p.holdWhileMoving(cluster, u, staleRV)
 	if !p.runsHere(u) {
 		// Another host runs it: its door, which reaches it on its loopback; TLS
 		// stays between the client and the tenant's apiserver. A peer's

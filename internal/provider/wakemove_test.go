@@ -1,0 +1,110 @@
+package provider
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+
+	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
+	"github.com/socialweb-computer/socialweb/internal/hosts"
+)
+
+// A door's connection for a sleeping cluster asks for it to wake on a host
+// with a tenant's room more, and is held until it arrives there; otherwise it
+// goes to its host at once, and nothing is written.
+func TestBackendPlacesTheWakeOfASleeper(t *testing.T) {
+	busyA := hostsView(map[string]int64{"a": 4, "b": 4})
+	busyA.Holders = map[string]string{"ci": "a", "other": "a"}
+	evenly := hostsView(map[string]int64{"a": 4, "b": 4})
+	evenly.Holders = map[string]string{"ci": "a", "other": "b"}
+	for _, tc := range []struct {
+		name      string
+		view      hosts.View
+		datastore string
+		phase     v1.Phase
+		fromPeer  bool
+		wantMove  bool
+	}{
+		{"a host a tenant emptier: it wakes there", busyA, "postgres", v1.PhaseAsleep, false, true},
+		{"hosts as full: it wakes on its host", evenly, "postgres", v1.PhaseAsleep, false, false},
+		{"sqlite stays with its disk", busyA, "sqlite", v1.PhaseAsleep, false, false},
+		{"awake: not moved", busyA, "postgres", v1.PhaseReady, false, false},
+		{"from a peer: its door decided", busyA, "postgres", v1.PhaseAsleep, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "ci", ResourceVersion: "5"}, Spec: v1.ClusterSpec{Datastore: tc.datastore},
+				Status: v1.ClusterStatus{Host: "a", Phase: tc.phase, Port: 7501}}
+			dyn := clusterClient(t, &c)
+			indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+			put := func(c v1.Cluster) {
+				u, err := c.ToUnstructured()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := indexer.Update(u); err != nil {
+					t.Fatal(err)
+				}
+			}
+			put(c)
+			own := &fakeOwnership{name: "a", hostLive: map[string]bool{"a": true, "b": true}, doors: map[string]string{"b": "192.0.2.2:8443"}}
+			own.view = tc.view
+			p := &Provider{cfg: Config{Ownership: own}, dyn: dyn, lister: cache.NewGenericLister(indexer, v1.ClusterResource.GroupResource()),
+				log: slog.New(slog.DiscardHandler)}
+			// The informer sees the move late, then the cluster arrived on b.
+			arrive := time.AfterFunc(400*time.Millisecond, func() {
+				moving := c
+				moving.ResourceVersion, moving.Status.MovingTo = "6", "b"
+				put(moving)
+				time.Sleep(200 * time.Millisecond)
+				moved := c
+				moved.ResourceVersion, moved.Status.Host = "7", "b"
+				put(moved)
+			})
+			defer arrive.Stop()
+			start := time.Now()
+			got, ok := p.Backend("ci", tc.fromPeer)
+			waited := time.Since(start)
+			u, err := dyn.Resource(v1.ClusterResource).Get(context.Background(), "ci", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stored, err := v1.FromUnstructured(u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.wantMove {
+				if stored.Status.MovingTo != "" {
+					t.Errorf("movingTo %q written, want none", stored.Status.MovingTo)
+				}
+				if waited > 300*time.Millisecond {
+					t.Errorf("Backend held the connection %v for a cluster that does not move", waited)
+				}
+				if got != "127.0.0.1:7501" || !ok {
+					t.Errorf("Backend = %q, %v; want its port here", got, ok)
+				}
+				return
+			}
+			if stored.Status.MovingTo != "b" {
+				t.Errorf("movingTo %q, want b", stored.Status.MovingTo)
+			}
+			if pl := meta.FindStatusCondition(stored.Status.Conditions, v1.ConditionPlaced); pl == nil || pl.Reason != ReasonMoving {
+				t.Errorf("Placed condition %+v, want reason Moving", pl)
+			}
+			if waited < 550*time.Millisecond {
+				t.Errorf("Backend returned after %v: it believed the informer's stale object, or did not hold the connection", waited)
+			}
+			if got != "192.0.2.2:8443" || !ok {
+				t.Errorf("Backend = %q, %v; want b's door", got, ok)
+			}
+			if !slices.Contains(own.calls, "Observe") {
+				t.Errorf("calls %v: the wake was placed without a view of the hosts", own.calls)
+			}
+		})
+	}
+}
