@@ -138,7 +138,7 @@ func (p *Provider) move(ctx context.Context, d Drainer, cluster string) error {
 		return err
 	}
 	// A write the new host sees (a Lease is not what it watches): it takes it now.
-	return p.recordMove(ctx, cluster, dec.Host, "handed over to "+dec.Host+" ("+o.Name()+" is drained); starting there")
+	return p.recordMove(ctx, cluster, dec.Host, "handed over to "+dec.Host+" by "+o.Name()+", which is drained")
 }
 
 // recordMove sets status.movingTo and says why; to "" takes it back.
@@ -155,19 +155,29 @@ func (p *Provider) recordMove(ctx context.Context, cluster, to, msg string) erro
 
 // arrived ends a move to this host once the cluster answers here, or holds
 // its port here asleep: movingTo cleared, status.host this host, so doors
-// carry it here.
+// carry it here. It reads the Cluster afresh: a cached one may be a move that
+// already ended.
 func (p *Provider) arrived(ctx context.Context, c *v1.Cluster, asleep bool) error {
-	if p.cfg.Ownership == nil || c.Status.MovingTo != p.cfg.Ownership.Name() {
+	o := p.cfg.Ownership
+	if o == nil || c.Status.MovingTo != o.Name() {
 		return nil
 	}
-	why := "moved here from " + c.Status.Host
-	if cur := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionPlaced); cur != nil && cur.Reason == ReasonMoving {
-		why += " (" + cur.Message + ")"
-	}
-	if asleep {
-		why += "; asleep, and its next client wakes it here"
-	}
-	return p.recordPlaced(ctx, c.Name, p.cfg.Ownership.Name(), metav1.ConditionTrue, ReasonMoved, why)
+	return ScaleStatus{Client: p.dyn}.updateIf(ctx, c.Name, func(c *v1.Cluster) bool {
+		if c.Status.MovingTo != o.Name() {
+			return false
+		}
+		why := "moved here" // the move's condition says from where (status.host is this host's since its first pass here)
+		if cur := meta.FindStatusCondition(c.Status.Conditions, v1.ConditionPlaced); cur != nil && cur.Reason == ReasonMoving {
+			why += ": " + cur.Message
+		}
+		if asleep {
+			why += "; asleep, and its next client wakes it here"
+		}
+		c.Status.Host, c.Status.MovingTo = o.Name(), ""
+		meta.SetStatusCondition(&c.Status.Conditions, metav1.Condition{Type: v1.ConditionPlaced, Status: metav1.ConditionTrue,
+			Reason: ReasonMoved, Message: truncate(why), ObservedGeneration: c.Generation})
+		return true
+	})
 }
 
 // isMoving: this host is handing the cluster over; it must not start it again.

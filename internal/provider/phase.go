@@ -124,6 +124,10 @@ func Decide(o Observed) Plan {
 		return p
 	case o.Provisioned:
 		p.cond(v1.ConditionProvisioned, true, "Provisioned", "datastore, PKI and config are in place", o.Now)
+	case o.Asleep:
+		// Moved here asleep: nothing runs until the wake, which provisions it
+		// with the node network it leases then.
+		p.cond(v1.ConditionProvisioned, false, "AtWake", "it moved here asleep; its config and PKI are written on this host at its wake", o.Now)
 	default:
 		p.cond(v1.ConditionProvisioned, false, "Pending", "creating datastore, PKI and config", o.Now)
 		p.Ops = append(p.Ops, OpProvision)

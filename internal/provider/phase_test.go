@@ -80,6 +80,19 @@ func TestDecide(t *testing.T) {
 			wantCond:  map[string]string{v1.ConditionReady: "Asleep"},
 		},
 		{
+			name:      "moved here asleep: its port gated, provisioned only at its wake",
+			obs:       Observed{Now: now, HasFinalizer: true, Lease: portOnly, Asleep: true},
+			wantPhase: v1.PhaseAsleep,
+			wantOps:   []Op{OpSleep},
+			wantCond:  map[string]string{v1.ConditionProvisioned: "AtWake", v1.ConditionReady: "Asleep"},
+		},
+		{
+			name:      "woken where it moved asleep: provisioned now",
+			obs:       Observed{Now: now, HasFinalizer: true, Lease: l, Gated: true},
+			wantPhase: v1.PhaseInitializing,
+			wantOps:   []Op{OpProvision},
+		},
+		{
 			name:      "asleep and gated: nothing to do",
 			obs:       Observed{Now: now, HasFinalizer: true, Lease: l, Provisioned: true, Asleep: true, Gated: true},
 			wantPhase: v1.PhaseAsleep,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -156,8 +157,10 @@ func (p *Provider) goToSleep(ctx context.Context, c *v1.Cluster, l lease.Lease) 
 	// wake, which its admin kubeconfig must be able to cause: it gets one that
 	// names it now (its serving certificate gets the name at the wake, before
 	// the apiserver answers).
-	if !p.isPrepared(c.Name) {
-		paths := pki.PathsFor(filepath.Join(ClusterDir(p.cfg.StateDir, c.Name), "pki"))
+	// One that moved here asleep has no files here yet: its Secret is its
+	// first host's, and names the service's door.
+	paths := pki.PathsFor(filepath.Join(ClusterDir(p.cfg.StateDir, c.Name), "pki"))
+	if _, err := os.Stat(paths.ClientCAKey); !p.isPrepared(c.Name) && err == nil {
 		if err := p.writeAdminKubeconfig(ctx, c, paths, fmt.Sprintf("https://127.0.0.1:%d", l.Port)); err != nil {
 			return fmt.Errorf("writing the admin kubeconfig of the sleeping cluster: %w", err)
 		}
