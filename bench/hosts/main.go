@@ -31,6 +31,12 @@
 //     join and its next renewal is reported too.
 //     With -also-lease D, a second service of three hosts with --host-lease-duration D
 //     (30s is the default's) repeats the rounds.
+//  4. Where a sleeping tenant wakes, -wake-rounds times (wake.go), on a new service of
+//     two hosts with front doors (h1's the service address, no tenant cap): a tenant
+//     asleep on h1, which runs two other tenants, asked through h1's door, wakes on h2 (away); asleep
+//     on h2, it wakes there (home); asleep again, h2 is drained and it moves to h1
+//     asleep. The first request's time to its answer, away against home, side by side.
+//     -wake-only runs this part alone.
 //
 // Every host has --max-tenants 2, not 1: with 1, the killed host's tenant would find no
 // host under its cap and stay unplaced. Placement still puts one tenant per host: hb-a is
@@ -44,7 +50,8 @@
 // an interrupt.
 //
 //	flock /tmp/live.lock go run ./bench/hosts -bin bin/socialweb [-postgres URL] [-lease 6s]
-//	    [-also-lease 30s] [-rounds 3] [-n 500] [-window 60s] [-settle 30s] [-port-range 7600-7609] [-keep-logs]
+//	    [-also-lease 30s] [-rounds 3] [-n 500] [-window 60s] [-settle 30s] [-port-range 7600-7609]
+//	    [-wake-rounds 3] [-wake-only] [-keep-logs]
 package main
 
 import (
@@ -95,6 +102,8 @@ type options struct {
 	lease, alsoLease         time.Duration
 	window, settle           time.Duration
 	rounds, n                int
+	wakeRounds               int
+	wakeOnly                 bool
 	keepLogs                 bool
 }
 
@@ -109,10 +118,12 @@ func main() {
 	flag.DurationVar(&o.window, "window", 60*time.Second, "each PostgreSQL load window")
 	flag.DurationVar(&o.settle, "settle", 30*time.Second, "quiet time before each window (a tenant's first seconds, a host's join, write more than later)")
 	flag.StringVar(&o.portRange, "port-range", "7600-7609", "the hosts' shared --port-range (tenant apiservers, on loopback)")
+	flag.IntVar(&o.wakeRounds, "wake-rounds", 3, "rounds of a sleeping tenant woken away from and on its host (0: none)")
+	flag.BoolVar(&o.wakeOnly, "wake-only", false, "run only the wake rounds")
 	flag.BoolVar(&o.keepLogs, "keep-logs", false, "keep the daemons' logs (printed where) also after a successful run")
 	flag.Parse()
-	if o.rounds < 1 || o.n < 1 || o.window < 5*time.Second || o.settle < 0 {
-		log.Fatal("-rounds and -n must be at least 1, -window at least 5s, -settle not negative")
+	if o.rounds < 1 || o.n < 1 || o.window < 5*time.Second || o.settle < 0 || o.wakeRounds < 0 || o.wakeOnly && o.wakeRounds < 1 {
+		log.Fatal("-rounds and -n must be at least 1, -window at least 5s, -settle and -wake-rounds not negative, -wake-only needs -wake-rounds of 1 or more")
 	}
 	abs, err := filepath.Abs(o.bin)
 	if err != nil {
@@ -133,6 +144,8 @@ type bench struct {
 	db       *sql.DB
 	hosts    [3]*host
 	lease    time.Duration // the service's --host-lease-duration
+	doors    bool          // hosts started now serve front doors (the wake rounds)
+	door     [3]int        // each host's door port, while doors
 	logs     []string      // every daemon log, for the end
 	failed   bool
 	cleanups []func()
@@ -183,6 +196,13 @@ func run(o options) (code int) {
 	b.defer_(b.dropDatabases)
 
 	r := report{lease: o.lease, maxConns: maxConns, pgVersion: pgVersion}
+	if o.wakeOnly {
+		r.wake = b.wakeRounds()
+		r.header = b.header(started, load0, pgVersion)
+		fmt.Printf("\n%s\n\n## Where a sleeping tenant wakes (2 hosts with front doors, --host-lease-duration %s)\n\n", r.header, o.lease)
+		printWake(r.wake)
+		return 0
+	}
 
 	// One host, one tenant.
 	b.startService(o.lease, 1)
@@ -244,12 +264,20 @@ func run(o options) (code int) {
 		r.alsoRounds = b.failoverRounds(victim)
 	}
 
-	rev, _ := exec.Command(o.bin, "--version").CombinedOutput()
-	r.header = fmt.Sprintf("%s .. %s UTC; load average before %s, after %s; %s; PostgreSQL %s",
-		started.UTC().Format("2006-01-02 15:04:05"), time.Now().UTC().Format("15:04:05"), load0, loadavg(),
-		strings.TrimSpace(firstLine(string(rev))), pgVersion)
+	if o.wakeRounds > 0 {
+		r.wake = b.wakeRounds()
+	}
+	r.header = b.header(started, load0, pgVersion)
 	r.print(o)
 	return 0
+}
+
+// header says when the run was, how loaded the machine, and what ran.
+func (b *bench) header(started time.Time, load0, pgVersion string) string {
+	rev, _ := exec.Command(b.o.bin, "--version").CombinedOutput()
+	return fmt.Sprintf("%s .. %s UTC; load average before %s, after %s; %s; PostgreSQL %s",
+		started.UTC().Format("2006-01-02 15:04:05"), time.Now().UTC().Format("15:04:05"), load0, loadavg(),
+		strings.TrimSpace(firstLine(string(rev))), pgVersion)
 }
 
 // defer_ registers f to run at the end, last registered first.
@@ -368,6 +396,14 @@ func (b *bench) startHost(i int, lease time.Duration) {
 		"--host-lease-duration", lease.String(), "--max-tenants", "2"}
 	if i > 0 {
 		h.args = append(h.args, "--cluster-key-file", filepath.Join(b.hosts[0].state, "cluster.key"))
+	}
+	if b.doors {
+		// One loopback for all: each host its own door and registry peer port.
+		if i == 0 {
+			b.door = [3]int{benchd.FreePort(), benchd.FreePort(), benchd.FreePort()}
+		}
+		h.args = append(h.args, "--max-tenants", "0", "--host-address", "127.0.0.1", "--front-door", fmt.Sprintf("127.0.0.1:%d", b.door[i]),
+			"--service-address", fmt.Sprintf("127.0.0.1:%d", b.door[0]), "--registry-peer-address", fmt.Sprintf("127.0.0.1:%d", benchd.FreePort()))
 	}
 	b.hosts[i] = h
 	b.logs = append(b.logs, state+".log")
@@ -1001,6 +1037,7 @@ type report struct {
 	idle                        []string
 	active                      string
 	rounds, alsoRounds          []round
+	wake                        []wakeRound
 }
 
 func (r report) print(o options) {
@@ -1013,6 +1050,11 @@ func (r report) print(o options) {
 	if r.alsoLease > 0 {
 		fmt.Printf("\n## Failover (--host-lease-duration %s)\n\n", r.alsoLease)
 		printRounds(r.alsoRounds)
+	}
+
+	if len(r.wake) > 0 {
+		fmt.Printf("\n## Where a sleeping tenant wakes (2 hosts with front doors)\n\n")
+		printWake(r.wake)
 	}
 
 	fmt.Printf("\n## Management API latency, 3 hosts against 1 (ms, one request at a time; %d of each)\n\n", o.n)

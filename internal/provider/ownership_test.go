@@ -399,19 +399,10 @@ func TestBackend(t *testing.T) {
 func TestBackendHoldsAMovingCluster(t *testing.T) {
 	for _, fromPeer := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fromPeer=%v", fromPeer), func(t *testing.T) {
-			indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-			put := func(c v1.Cluster) {
-				u, err := c.ToUnstructured()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := indexer.Update(u); err != nil {
-					t.Fatal(err)
-				}
-			}
+			lister, put := clusterCache(t)
 			put(v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "ci"}, Status: v1.ClusterStatus{Host: "a", MovingTo: "b", Port: 7501}})
 			p := &Provider{cfg: Config{Ownership: &fakeOwnership{name: "a", doors: map[string]string{"b": "192.0.2.2:8443"}}},
-				lister: cache.NewGenericLister(indexer, v1.ClusterResource.GroupResource())}
+				lister: lister}
 			arrive := time.AfterFunc(300*time.Millisecond, func() {
 				put(v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "ci"}, Status: v1.ClusterStatus{Host: "b", Port: 7501}})
 			})
@@ -426,4 +417,19 @@ func TestBackendHoldsAMovingCluster(t *testing.T) {
 			}
 		})
 	}
+}
+
+// clusterCache is an informer's cache of Clusters, and how a test puts one in it.
+func clusterCache(t *testing.T) (cache.GenericLister, func(v1.Cluster)) {
+	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	put := func(c v1.Cluster) {
+		u, err := c.ToUnstructured()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := indexer.Update(u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cache.NewGenericLister(indexer, v1.ClusterResource.GroupResource()), put
 }

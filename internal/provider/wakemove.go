@@ -96,6 +96,7 @@ func (p *Provider) moveRequested(ctx context.Context, c *v1.Cluster) (bool, erro
 	}
 	p.sleepMu.Unlock()
 	if !asleep {
+		p.countMove("stayed")
 		why := fmt.Sprintf("it was to move to %s, but it is awake or waking on %s: it stays", to, o.Name())
 		p.log.Info("a requested move is taken back", "cluster", c.Name, "to", to, "why", why)
 		return true, p.recordPlaced(ctx, c.Name, o.Name(), metav1.ConditionTrue, ReasonPlaced, why)
@@ -112,10 +113,18 @@ func (p *Provider) moveRequested(ctx context.Context, c *v1.Cluster) (bool, erro
 	p.letGo(ctx, c.Name)
 	if err := d.Handover(ctx, c.Name, to); err != nil {
 		// Still ours: it sleeps here again at the next pass.
+		p.countMove("failed")
 		_ = p.recordPlaced(ctx, c.Name, o.Name(), metav1.ConditionTrue, ReasonPlaced, fmt.Sprintf("it stays on %s: handing it to %s failed: %v", o.Name(), to, err))
 		return true, fmt.Errorf("handing the sleeping cluster to %s: %w", to, err)
 	}
+	p.countMove("handed_over")
 	p.log.Info("sleeping cluster handed over to wake there", "cluster", c.Name, "to", to, "took", time.Since(start).Round(time.Millisecond))
 	// A write the new host sees (a Lease is not what it watches): it takes it now.
 	return true, p.recordMove(ctx, c.Name, to, "handed over asleep to "+to+" by "+o.Name()+", to wake there")
+}
+
+func (p *Provider) countMove(result string) {
+	if p.sleepMetrics != nil {
+		p.sleepMetrics.Moves.WithLabelValues(result).Inc()
+	}
 }

@@ -9,7 +9,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/cache"
 
 	v1 "github.com/socialweb-computer/socialweb/api/v1alpha1"
 	"github.com/socialweb-computer/socialweb/internal/hosts"
@@ -41,20 +40,11 @@ func TestBackendPlacesTheWakeOfASleeper(t *testing.T) {
 			c := v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "ci", ResourceVersion: "5"}, Spec: v1.ClusterSpec{Datastore: tc.datastore},
 				Status: v1.ClusterStatus{Host: "a", Phase: tc.phase, Port: 7501}}
 			dyn := clusterClient(t, &c)
-			indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-			put := func(c v1.Cluster) {
-				u, err := c.ToUnstructured()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := indexer.Update(u); err != nil {
-					t.Fatal(err)
-				}
-			}
+			lister, put := clusterCache(t)
 			put(c)
 			own := &fakeOwnership{name: "a", hostLive: map[string]bool{"a": true, "b": true}, doors: map[string]string{"b": "192.0.2.2:8443"}}
 			own.view = tc.view
-			p := &Provider{cfg: Config{Ownership: own}, dyn: dyn, lister: cache.NewGenericLister(indexer, v1.ClusterResource.GroupResource()),
+			p := &Provider{cfg: Config{Ownership: own}, dyn: dyn, lister: lister,
 				log: slog.New(slog.DiscardHandler)}
 			// The informer sees the move late, then the cluster arrived on b.
 			arrive := time.AfterFunc(400*time.Millisecond, func() {

@@ -19,6 +19,10 @@ type Metrics struct {
 	// without a wake, by cluster and reason (Gate.CountRefused; the name a
 	// client asked for is never a label).
 	WakeRefused *prometheus.CounterVec
+	// Moves counts, on a sleeping cluster's host, the moves a door asked for
+	// so that it wakes on another host, by result: handed_over, stayed (it
+	// was awake or waking here), failed.
+	Moves *prometheus.CounterVec
 }
 
 // NewMetrics makes the sleep and wake metrics.
@@ -36,10 +40,14 @@ func NewMetrics() *Metrics {
 			Name: "socialweb_cluster_wake_refused_total",
 			Help: "Connections to a sleeping cluster closed without waking it, by reason: no_name, other_name (the TLS ClientHello did not name the cluster), bad_hello, hello_timeout, too_many_pending.",
 		}, []string{"cluster", "reason"}),
+		Moves: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "socialweb_cluster_sleeping_moves_total",
+			Help: "Sleeping clusters a door asked to wake on another host, counted on their host, by result: handed_over, stayed (awake or waking here), failed.",
+		}, []string{"result"}),
 	}
 }
 
 // Collectors are the metrics to register.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.Sleeps, m.Wakes, m.WakeSeconds, m.FailedWakeAnswers, m.WakeRefused}
+	return []prometheus.Collector{m.Sleeps, m.Wakes, m.WakeSeconds, m.FailedWakeAnswers, m.WakeRefused, m.Moves}
 }
