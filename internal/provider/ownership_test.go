@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,7 +39,27 @@ type fakeOwnership struct {
 	hostLive    map[string]bool
 	takeoverErr error
 	doors       map[string]string // DoorOf's answers
+	mu          sync.Mutex        // calls, for doors' connections at once
 	calls       []string
+}
+
+func (f *fakeOwnership) record(call string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, call)
+}
+
+// count is how often call was made.
+func (f *fakeOwnership) count(call string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, c := range f.calls {
+		if c == call {
+			n++
+		}
+	}
+	return n
 }
 
 var _ Ownership = (*fakeOwnership)(nil)
@@ -47,38 +68,38 @@ func (f *fakeOwnership) Name() string { return f.name }
 func (f *fakeOwnership) Fenced() bool { return f.fenced }
 
 func (f *fakeOwnership) Holder(_ context.Context, cluster string) (string, error) {
-	f.calls = append(f.calls, "Holder "+cluster)
+	f.record("Holder " + cluster)
 	return f.holder, f.holderErr
 }
 
 func (f *fakeOwnership) Claim(_ context.Context, cluster string) error {
-	f.calls = append(f.calls, "Claim "+cluster)
+	f.record("Claim " + cluster)
 	return f.claimErr
 }
 
 func (f *fakeOwnership) Release(_ context.Context, cluster string) error {
-	f.calls = append(f.calls, "Release "+cluster)
+	f.record("Release " + cluster)
 	return nil
 }
 
 func (f *fakeOwnership) Observe(context.Context) (hosts.View, error) {
-	f.calls = append(f.calls, "Observe")
+	f.record("Observe")
 	return f.view, f.observeErr
 }
 
 func (f *fakeOwnership) HostLive(host string) (bool, bool) {
-	f.calls = append(f.calls, "HostLive "+host)
+	f.record("HostLive " + host)
 	live, known := f.hostLive[host]
 	return live, known
 }
 
 func (f *fakeOwnership) Takeover(_ context.Context, cluster, from string) error {
-	f.calls = append(f.calls, "Takeover "+cluster+" from "+from)
+	f.record("Takeover " + cluster + " from " + from)
 	return f.takeoverErr
 }
 
 func (f *fakeOwnership) DoorOf(host string) (string, bool) {
-	f.calls = append(f.calls, "DoorOf "+host)
+	f.record("DoorOf " + host)
 	d, ok := f.doors[host]
 	return d, ok
 }

@@ -174,6 +174,12 @@ type Provider struct {
 	takenOver map[string]bool
 	// moving holds the clusters this host is handing over (drain.go). Under failMu.
 	moving map[string]bool
+	// wakePlaced is when a door last asked where a sleeping cluster wakes:
+	// asked again only after wakePlaceEvery, so that a flood of connections
+	// naming it costs the management API one view, not one per connection.
+	// A move it wrote is kept, so that the next connections too are held.
+	// Under failMu.
+	wakePlaced map[string]wakePlacement
 	// sleepers is the sleep state of clusters that may sleep (sleep.go).
 	sleepMu      sync.Mutex
 	sleepers     map[string]*sleeper
@@ -208,6 +214,7 @@ func New(cfg Config, log *slog.Logger, dyn dynamic.Interface, kube kubernetes.In
 		egressApplied: map[string]string{},
 		takenOver:     map[string]bool{},
 		moving:        map[string]bool{},
+		wakePlaced:    map[string]wakePlacement{},
 
 		sleepMetrics: sleep.NewMetrics(),
 	}

@@ -21,6 +21,9 @@ import (
 // shared); the new host holds its port, says it arrived, and the held
 // connection, passed on to it, wakes it there.
 
+// wakePlaceEvery bounds how often a door asks where one sleeping cluster wakes.
+const wakePlaceEvery = 5 * time.Second
+
 // placeWake decides, for a door's connection to a sleeping cluster, where it
 // wakes; if not on its host it writes the move and returns the cluster as
 // written, with the resourceVersion before the write: the informer's object
@@ -37,6 +40,19 @@ func (p *Provider) placeWake(u *unstructured.Unstructured, fromPeer bool) (_ *un
 	}
 	if live, known := o.HostLive(c.Status.Host); !live || !known {
 		return u, "" // its host is lost: a takeover places it
+	}
+	p.failMu.Lock()
+	last, recent := p.wakePlaced[c.Name]
+	recent = recent && time.Since(last.at) < wakePlaceEvery
+	if !recent {
+		if p.wakePlaced == nil {
+			p.wakePlaced = map[string]wakePlacement{}
+		}
+		p.wakePlaced[c.Name] = wakePlacement{at: time.Now()}
+	}
+	p.failMu.Unlock()
+	if recent {
+		return last.moving(u)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -68,11 +84,32 @@ func (p *Provider) placeWake(u *unstructured.Unstructured, fromPeer bool) (_ *un
 		return u, ""
 	}
 	p.log.Info("a sleeping cluster wakes on another host", "cluster", c.Name, "from", from, "to", d.Host, "reason", d.Reason)
-	out := u.DeepCopy()
-	if err := unstructured.SetNestedField(out.Object, d.Host, "status", "movingTo"); err != nil {
+	w := wakePlacement{at: time.Now(), to: d.Host, staleRV: u.GetResourceVersion()}
+	p.failMu.Lock()
+	p.wakePlaced[c.Name] = w
+	p.failMu.Unlock()
+	return w.moving(u)
+}
+
+// wakePlacement is a door's last answer of where a sleeping cluster wakes.
+type wakePlacement struct {
+	at      time.Time
+	to      string // the host it moves to; "" for its own
+	staleRV string // its resourceVersion before the move was written
+}
+
+// moving is u as the door wrote it: moving to w.to, with the version the
+// informer's copy is stale at; u itself when it does not move (or the
+// informer has seen more since).
+func (w wakePlacement) moving(u *unstructured.Unstructured) (*unstructured.Unstructured, string) {
+	if w.to == "" || u.GetResourceVersion() != w.staleRV {
 		return u, ""
 	}
-	return out, u.GetResourceVersion()
+	out := u.DeepCopy()
+	if err := unstructured.SetNestedField(out.Object, w.to, "status", "movingTo"); err != nil {
+		return u, ""
+	}
+	return out, w.staleRV
 }
 
 // moveRequested starts, on the cluster's host, the move a door asked for

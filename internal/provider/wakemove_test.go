@@ -3,7 +3,7 @@ package provider
 import (
 	"context"
 	"log/slog"
-	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -92,9 +92,46 @@ func TestBackendPlacesTheWakeOfASleeper(t *testing.T) {
 			if got != "192.0.2.2:8443" || !ok {
 				t.Errorf("Backend = %q, %v; want b's door", got, ok)
 			}
-			if !slices.Contains(own.calls, "Observe") {
+			if own.count("Observe") != 1 {
 				t.Errorf("calls %v: the wake was placed without a view of the hosts", own.calls)
 			}
 		})
+	}
+}
+
+// Connections for a sleeping cluster that come together cost one view of the
+// hosts, and each is held while it moves: the later ones too, though the
+// informer has not seen the move yet.
+func TestBackendPlacesAWakeOnce(t *testing.T) {
+	view := hostsView(map[string]int64{"a": 4, "b": 4})
+	view.Holders = map[string]string{"ci": "a", "other": "a", "third": "a"}
+	c := v1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "ci", ResourceVersion: "5"}, Spec: v1.ClusterSpec{Datastore: "postgres"},
+		Status: v1.ClusterStatus{Host: "a", Phase: v1.PhaseAsleep, Port: 7501}}
+	lister, put := clusterCache(t)
+	put(c)
+	own := &fakeOwnership{name: "a", view: view, hostLive: map[string]bool{"a": true, "b": true}, doors: map[string]string{"b": "192.0.2.2:8443"}}
+	p := &Provider{cfg: Config{Ownership: own}, dyn: clusterClient(t, &c), lister: lister, log: slog.New(slog.DiscardHandler)}
+	arrive := time.AfterFunc(500*time.Millisecond, func() {
+		moved := c
+		moved.ResourceVersion, moved.Status.Host = "7", "b"
+		put(moved)
+	})
+	defer arrive.Stop()
+	var wg sync.WaitGroup
+	got := make([]string, 5)
+	for i := range got {
+		wg.Go(func() {
+			time.Sleep(time.Duration(i) * 50 * time.Millisecond)
+			got[i], _ = p.Backend("ci", false)
+		})
+	}
+	wg.Wait()
+	for i, g := range got {
+		if g != "192.0.2.2:8443" {
+			t.Errorf("connection %d went to %q, want b's door: it was not held while the cluster moved", i, g)
+		}
+	}
+	if n := own.count("Observe"); n != 1 {
+		t.Errorf("%d views of the hosts for 5 connections at once, want 1", n)
 	}
 }
