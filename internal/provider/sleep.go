@@ -225,12 +225,16 @@ func (p *Provider) awake(name string) bool {
 	return true
 }
 
-// forgetSleeper releases a deleted cluster's port and drops its series.
+// forgetSleeper releases a deleted (or let go) cluster's port and drops its
+// series and its door's last wake placement.
 func (p *Provider) forgetSleeper(name string) {
 	p.sleepMu.Lock()
 	s := p.sleepers[name]
 	delete(p.sleepers, name)
 	p.sleepMu.Unlock()
+	p.failMu.Lock()
+	delete(p.wakePlaced, name)
+	p.failMu.Unlock()
 	if p.sleepMetrics != nil {
 		p.sleepMetrics.WakeRefused.DeletePartialMatch(prometheus.Labels{"cluster": name})
 	}
