@@ -63,8 +63,7 @@ func (b *bench) wakeRounds() []wakeRound {
 		if out, err := b.cli(b.hosts[0], "host", "drain", "h2", "--timeout", "2m"); err != nil {
 			fail("host drain h2: %v\n%s", err, out)
 		}
-		b.asleepOn(w, "h1")
-		r.drain = time.Since(t0)
+		r.drain = b.asleepOn(w, "h1").Sub(t0)
 		if out, err := b.cli(b.hosts[0], "host", "resume", "h2"); err != nil {
 			fail("host resume h2: %v\n%s", err, out)
 		}
@@ -73,8 +72,9 @@ func (b *bench) wakeRounds() []wakeRound {
 	return rounds
 }
 
-// asleepOn waits until the Cluster is Asleep on host, not moving.
-func (b *bench) asleepOn(name, host string) {
+// asleepOn waits until the Cluster is Asleep on host, not moving, and returns
+// when it saw that (before it lets both hosts report their free memory again).
+func (b *bench) asleepOn(name, host string) time.Time {
 	_, dyn := b.clients(b.hosts[0])
 	var last string
 	for end := time.Now().Add(3 * time.Minute); time.Now().Before(end); b.sleep(500 * time.Millisecond) {
@@ -87,12 +87,14 @@ func (b *bench) asleepOn(name, host string) {
 		on, _, _ := unstructured.NestedString(u.Object, "status", "host")
 		moving, _, _ := unstructured.NestedString(u.Object, "status", "movingTo")
 		if phase == string(v1.PhaseAsleep) && on == host && moving == "" {
+			seen := time.Now()
 			b.sleep(b.lease*2/3 + time.Second) // both hosts report free memory again: its sleep freed some
-			return
+			return seen
 		}
 		last = fmt.Sprintf("phase %s on %q, movingTo %q", phase, on, moving)
 	}
 	fail("%s not asleep on %s within 3m: %s", name, host, last)
+	return time.Time{}
 }
 
 // wakeThroughDoor asks the sleeping tenant for namespace default with its
