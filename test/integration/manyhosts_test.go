@@ -162,7 +162,7 @@ func tenantVia(t *testing.T, d *daemon, cluster string) kubernetes.Interface {
 
 // TestHostsFailOver: three hosts, each a daemon in a network namespace of its
 // own, one PostgreSQL. Six tenants are spread over them; through host 1's
-// door each answers, and a Pod of one on host 2 runs, on a node host 2
+// door each answers (kubectl too), and a Pod of one on host 2 runs, on a node host 2
 // booted, an image pushed on host 1 only. Host 2 is killed with everything it ran: its tenant answers again
 // through host 1's door with its objects kept, loses its dead node and runs a
 // new Pod on a node of its new host. Host 2 comes back and runs none of it.
@@ -204,10 +204,15 @@ func TestHostsFailOver(t *testing.T) {
 		}
 	}
 	victim = victims[0]
-	// Through host 1's door, each tenant answers (passed on to its host).
+	// Through host 1's door, each tenant answers (passed on to its host), to
+	// client-go and to kubectl.
+	if out, err := exec.Command("../../hack/kubectl").CombinedOutput(); err != nil {
+		t.Fatalf("building bin/kubectl: %v\n%s", err, out)
+	}
 	for name := range where {
 		k := tenantVia(t, h1, name)
 		putConfigMap(t, k, "kept-"+name)
+		kubectlThroughDoor(t, h1, name)
 	}
 	k := tenantVia(t, h1, victim)
 	if _, err := k.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "kept"},
