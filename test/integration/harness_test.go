@@ -139,6 +139,7 @@ func newDaemon(t *testing.T, ports int, extra ...string) *daemon {
 				t.Errorf("cleanup: socialweb down: %s", errOut)
 			}
 		}
+		assertNoProcessesLeft(t, d.stateDir) // first: a leftover's failure gets the daemon's log too
 		if t.Failed() {
 			b, _ := os.ReadFile(d.logPath)
 			t.Logf("daemon log (tail):\n%s", tail(string(b), 40))
@@ -149,7 +150,6 @@ func newDaemon(t *testing.T, ports int, extra ...string) *daemon {
 				t.Logf("at the failure:\n%s", d.lastWords())
 			}
 		}
-		assertNoProcessesLeft(t, d.stateDir)
 	})
 	return d
 }
@@ -328,7 +328,13 @@ func assertNoProcessesLeft(t *testing.T, stateDir string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Errorf("processes left behind: %v", left)
+			var what []string
+			for _, pid := range left {
+				cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+				stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+				what = append(what, fmt.Sprintf("%d (stat %s): %s", pid, strings.TrimSpace(string(stat)), strings.ReplaceAll(string(cmdline), "\x00", " ")))
+			}
+			t.Errorf("processes left behind:\n%s", strings.Join(what, "\n"))
 			for _, pid := range left {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
